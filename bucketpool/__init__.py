@@ -1,0 +1,30 @@
+"""A pool of descriptor buffers for ``swap_blocks_batch``, in power-of-two buckets."""
+
+from __future__ import annotations
+
+from bucketpool._buckets import bucket_capacity
+from bucketpool._errors import (
+    EscapedViewError,
+    InFlightWriteError,
+    PoolError,
+    ReleaseError,
+    UseAfterReleaseError,
+)
+from bucketpool._pool import BucketPool, BufferHandle, CompletionEvent, DescriptorBuffers
+from bucketpool._stats import BucketStats, PoolStats, Stat
+
+__all__ = [
+    "BucketPool",
+    "BucketStats",
+    "BufferHandle",
+    "CompletionEvent",
+    "DescriptorBuffers",
+    "EscapedViewError",
+    "InFlightWriteError",
+    "PoolError",
+    "PoolStats",
+    "ReleaseError",
+    "Stat",
+    "UseAfterReleaseError",
+    "bucket_capacity",
+]

@@ -1,0 +1,88 @@
+"""Power-of-two bucket arithmetic: pure integer functions, no torch."""
+
+from __future__ import annotations
+
+import operator
+from typing import SupportsIndex
+
+__all__ = [
+    "DEFAULT_MAX_CAPACITY",
+    "DEFAULT_MIN_CAPACITY",
+    "bucket_capacity",
+    "capacity_for",
+    "check_count",
+    "check_power_of_two",
+]
+
+#: Smallest bucket: 16 entries (a 384-byte triple); smaller buffers cost the same to allocate.
+DEFAULT_MIN_CAPACITY = 16
+#: Largest bucket: 2**24 entries (384 MiB per triple), which stops an accidental huge request.
+DEFAULT_MAX_CAPACITY = 1 << 24
+
+
+def check_count(n: object, max_capacity: int = DEFAULT_MAX_CAPACITY) -> int:
+    """Return *n* as a Python int if it is a valid descriptor count.
+
+    Args:
+        n: anything `operator.index` accepts (int, numpy integer), except `bool`.
+        max_capacity: the largest count accepted.
+
+    Raises:
+        TypeError: *n* is a `bool` or not an integer.
+        ValueError: *n* is negative or above *max_capacity*.
+    """
+    if isinstance(n, bool):
+        raise TypeError(f"n must be an integer count of descriptors, not bool ({n!r})")
+    try:
+        count = operator.index(n)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"n must be an integer count of descriptors, not {type(n).__name__} ({n!r}); "
+            "pass len(...) of the copies or an int"
+        ) from None
+    if count < 0:
+        raise ValueError(f"n must be >= 0, got {count}")
+    if count > max_capacity:
+        raise ValueError(
+            f"n={count} is above the pool's max_capacity={max_capacity}; split the step into "
+            f"batches of at most {max_capacity} copies or raise max_capacity"
+        )
+    return count
+
+
+def check_power_of_two(name: str, value: object) -> int:
+    """Return *value* if it is a positive power of two, else raise `ValueError`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a power-of-two int, got {value!r}")
+    if value < 1 or value & (value - 1):
+        raise ValueError(
+            f"{name} must be a power of two >= 1, got {value}; "
+            f"the nearest are {_floor_pow2(value)} and {_ceil_pow2(value)}"
+        )
+    return value
+
+
+def bucket_capacity(n: SupportsIndex) -> int:
+    """Return the capacity of the bucket that serves a request for *n* entries.
+
+    That is the smallest power of two >= *n*, never below the default minimum capacity
+    (16).  A pool made with other settings answers with `BucketPool.bucket_capacity`.
+
+    Raises:
+        TypeError: *n* is a `bool` or not an integer.
+        ValueError: *n* is negative or above the default maximum capacity (2**24).
+    """
+    return capacity_for(check_count(n), DEFAULT_MIN_CAPACITY)
+
+
+def capacity_for(n: int, min_capacity: int) -> int:
+    """Return the smallest power of two >= *n* and >= *min_capacity* (no validation)."""
+    return min_capacity if n <= min_capacity else 1 << (n - 1).bit_length()
+
+
+def _ceil_pow2(value: int) -> int:
+    return 1 if value < 1 else 1 << (value - 1).bit_length()
+
+
+def _floor_pow2(value: int) -> int:
+    return 1 if value < 1 else 1 << (value.bit_length() - 1)

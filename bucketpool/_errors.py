@@ -1,0 +1,46 @@
+"""The exceptions a pool raises when it is misused."""
+
+from __future__ import annotations
+
+import typing
+
+__all__ = [
+    "EscapedViewError",
+    "InFlightWriteError",
+    "PoolError",
+    "ReleaseError",
+    "UseAfterReleaseError",
+]
+
+
+class PoolError(RuntimeError):
+    """Base of every error that reports a misuse of a pool's buffers.
+
+    After any of these is raised the pool is consistent and has lost no buffer.
+    """
+
+
+@typing.final
+class ReleaseError(PoolError):
+    """A handle was released twice, into the wrong pool, or used after release."""
+
+
+@typing.final
+class UseAfterReleaseError(PoolError):
+    """A released buffer was written through a stale view (debug level ``checks``)."""
+
+
+@typing.final
+class InFlightWriteError(PoolError):
+    """Descriptors were rewritten while a recorded copy could still read them.
+
+    Raised at the next pool call after the copy's events retire (debug level ``checks``).
+    """
+
+
+@typing.final
+class EscapedViewError(PoolError):
+    """Views of a handle were still referenced when its ``with`` block ended.
+
+    Raised at debug level ``strict``; ``checks`` emits a `ResourceWarning` instead.
+    """

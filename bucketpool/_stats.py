@@ -1,0 +1,117 @@
+"""Frozen statistics records returned by `BucketPool.stats()`."""
+
+from __future__ import annotations
+
+import typing
+
+import attrs
+
+__all__ = ["BucketStats", "PoolStats", "Stat"]
+
+
+@typing.final
+@attrs.frozen
+class Stat:
+    """One counter with its history, named as in PyTorch's host-allocator stats.
+
+    Attributes:
+        current: the value now.
+        peak: the highest value since the pool was made or `BucketPool.reset_peak_stats()`.
+        allocated: the total ever added.
+        freed: the total ever removed; ``allocated - freed == current``.
+    """
+
+    current: int
+    peak: int
+    allocated: int
+    freed: int
+
+
+@typing.final
+@attrs.frozen
+class BucketStats:
+    """Counters of one power-of-two bucket.
+
+    Attributes:
+        capacity: entries per buffer of this bucket.
+        hits: acquires served from a cached (or retired parked) buffer.
+        misses: acquires that allocated a buffer.
+        cached: buffers idle in the bucket, ready to hand out.
+        active: buffers held by live handles.
+        parked: buffers released while a recorded event was pending.
+    """
+
+    capacity: int
+    hits: int
+    misses: int
+    cached: int
+    active: int
+    parked: int
+
+
+@typing.final
+@attrs.frozen
+class PoolStats:
+    """A consistent snapshot of a pool's counters, taken under its lock.
+
+    Counts are in buffers (one buffer is a triple of ``capacity`` entries per field) and
+    bytes are the bytes of all three fields.
+
+    Attributes:
+        allocations: buffers held by the pool, whatever their state.
+        allocated_bytes: bytes of those buffers.
+        active_requests: handles acquired and not yet released.
+        active_bytes: bytes of the buffers behind those handles.
+        cached_bytes: bytes of idle buffers ready for reuse.
+        parked_bytes: bytes of buffers waiting for their events.
+        parked: buffers waiting for their events.
+        hits: acquires served without allocating.
+        misses: acquires that allocated.
+        requested_entries: the sum of ``n`` over every acquire.
+        rounded_entries: the sum of bucket capacities over every acquire; the difference
+            to ``requested_entries`` is the rounding waste.
+        buckets: one record per bucket that has been used, smallest first.
+    """
+
+    allocations: Stat
+    allocated_bytes: Stat
+    active_requests: Stat
+    active_bytes: Stat
+    cached_bytes: int
+    parked_bytes: int
+    parked: int
+    hits: int
+    misses: int
+    requested_entries: int
+    rounded_entries: int
+    buckets: tuple[BucketStats, ...]
+
+    def __str__(self) -> str:
+        """Return a fixed-width table for logs."""
+        lines = [
+            f"{'':16}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}",
+        ]
+        for name in ("allocations", "allocated_bytes", "active_requests", "active_bytes"):
+            stat: Stat = getattr(self, name)
+            lines.append(
+                f"{name:16}{stat.current:>14,}{stat.peak:>14,}"
+                f"{stat.allocated:>14,}{stat.freed:>14,}"
+            )
+        total = self.hits + self.misses
+        hit_rate = f"{100 * self.hits / total:.1f}%" if total else "-"
+        waste = self.rounded_entries - self.requested_entries
+        lines.append(
+            f"cached_bytes {self.cached_bytes:,}  parked {self.parked} "
+            f"({self.parked_bytes:,} bytes)  hits {self.hits:,}  misses {self.misses:,} "
+            f"(hit rate {hit_rate})  rounding waste {waste:,} entries"
+        )
+        if self.buckets:
+            lines.append(
+                f"{'bucket':>12}{'hits':>12}{'misses':>10}{'cached':>8}{'active':>8}{'parked':>8}"
+            )
+            lines.extend(
+                f"{b.capacity:>12,}{b.hits:>12,}{b.misses:>10,}{b.cached:>8}{b.active:>8}"
+                f"{b.parked:>8}"
+                for b in self.buckets
+            )
+        return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""Helpers for users' tests of code that builds descriptors."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+__all__ = ["swap_blocks_batch"]
+
+_POINTER_DTYPES = (torch.int64, torch.uint64)
+
+
+def swap_blocks_batch(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: torch.Tensor) -> None:
+    """Copy ``sizes[i]`` bytes from ``src_ptrs[i]`` to ``dst_ptrs[i]`` for every *i*, on the host.
+
+    A reference of vLLM's ``swap_blocks_batch`` op for tests of code that fills descriptor
+    buffers: it runs without an accelerator, so a test can fill descriptors, call this, and
+    compare bytes. It checks what the real op checks -- three CPU tensors of one integer dtype,
+    int64 or uint64, 1-D, of one length; ``n == 0`` does nothing -- and also contiguity, null
+    addresses and negative sizes. Every check runs before the first byte is copied. Then it
+    copies the ranges one by one, ``i = 0 .. n - 1``, each with ``memmove`` semantics, so
+    overlapping ranges are copied as if through a temporary buffer and a later copy sees the
+    bytes an earlier one wrote. The descriptors are read before the first copy, so a copy
+    that overwrites the descriptor tensors themselves does not change what is copied.
+
+    Addresses in int64 tensors are read as the bit patterns of uint64 addresses.
+
+    For host memory and tests only. It dereferences raw addresses: an address that does not
+    point to at least ``sizes[i]`` bytes of this process's memory crashes the process (or
+    silently corrupts memory) instead of raising. Thread-safe only as far as the memory it
+    copies is not written concurrently.
+
+    Args:
+        src_ptrs: source addresses, one per copy.
+        dst_ptrs: destination addresses, one per copy.
+        sizes: byte counts, one per copy, each in 0..2**63-1.
+
+    Raises:
+        TypeError: an argument is not a tensor, is not on the CPU, is not int64 or uint64,
+            or the three dtypes differ.
+        ValueError: a tensor is not 1-D or not contiguous; the lengths differ; an address
+            is 0 (null); a size is negative (for uint64 sizes: 2**63 or more).
+
+    """
+    tensors = {"src_ptrs": src_ptrs, "dst_ptrs": dst_ptrs, "sizes": sizes}
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise TypeError(
+                f"{name} is on {tensor.device}; swap_blocks_batch reads descriptors on the "
+                f"host, so pass CPU tensors ({name}.cpu())"
+            )
+        if tensor.dtype not in _POINTER_DTYPES:
+            raise TypeError(f"{name} must be int64 or uint64, got {tensor.dtype}")
+    if not src_ptrs.dtype == dst_ptrs.dtype == sizes.dtype:
+        raise TypeError(
+            "src_ptrs, dst_ptrs and sizes must share one dtype, got "
+            f"{src_ptrs.dtype}, {dst_ptrs.dtype} and {sizes.dtype}"
+        )
+    for name, tensor in tensors.items():
+        if tensor.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
+        if not tensor.is_contiguous():
+            raise ValueError(
+                f"{name} is not contiguous (stride {tensor.stride()}); the op reads n values "
+                f"from its data pointer, so pass a contiguous slice such as buf[:n]"
+            )
+    n = src_ptrs.numel()
+    if dst_ptrs.numel() != n or sizes.numel() != n:
+        raise ValueError(
+            "src_ptrs, dst_ptrs and sizes must have one length, got "
+            f"{n}, {dst_ptrs.numel()} and {sizes.numel()}"
+        )
+    if n == 0:
+        return
+    # Copies taken now: the checks and the copies see the same values, whatever the copies
+    # overwrite.
+    src = src_ptrs.numpy().view(np.uint64).copy()
+    dst = dst_ptrs.numpy().view(np.uint64).copy()
+    counts = sizes.numpy().view(np.int64).copy()
+    for name, addresses in (("src_ptrs", src), ("dst_ptrs", dst)):
+        if not addresses.all():
+            i = int(np.flatnonzero(addresses == 0)[0])
+            raise ValueError(f"{name}[{i}] is 0, a null address; nothing was copied")
+    if counts.min() < 0:
+        i = int(np.flatnonzero(counts < 0)[0])
+        raise ValueError(
+            f"sizes[{i}] = {int(sizes.numpy()[i])} is not a byte count in 0..2**63-1; "
+            "nothing was copied"
+        )
+    for source, destination, count in zip(src.tolist(), dst.tolist(), counts.tolist(), strict=True):
+        ctypes.memmove(destination, source, count)

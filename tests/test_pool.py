@@ -1,0 +1,853 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from bucketpool import (
+    BucketPool,
+    BufferHandle,
+    DescriptorBuffers,
+    EscapedViewError,
+    InFlightWriteError,
+    PoolError,
+    PoolStats,
+    ReleaseError,
+    Stat,
+    UseAfterReleaseError,
+)
+from bucketpool._pool import POISON
+
+KIB = 1024
+TRIPLE_16 = 16 * 8 * 3  # bytes of one buffer of the smallest default bucket
+
+
+class FlagEvent:
+    """An event whose completion the test decides."""
+
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
+        self.queries = 0
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.done
+
+
+class SyncEvent(FlagEvent):
+    def synchronize(self) -> None:
+        self.done = True
+
+
+@pytest.fixture
+def pool() -> Iterator[BucketPool]:
+    pool = BucketPool(debug="off", trace=False)
+    yield pool
+    assert pool.outstanding() == []
+
+
+def data_ptrs(bufs: DescriptorBuffers) -> tuple[int, int, int]:
+    return (bufs.src_ptrs.data_ptr(), bufs.dst_ptrs.data_ptr(), bufs.sizes.data_ptr())
+
+
+# -- views ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 1196, 4096])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
+def test_views_have_exactly_n_entries(n: int, dtype: torch.dtype) -> None:
+    pool = BucketPool(dtype=dtype)
+    with pool.acquire(n) as bufs:
+        assert isinstance(bufs, DescriptorBuffers)
+        for view in bufs:
+            assert view.shape == (n,)
+            assert view.dtype == dtype
+            assert view.is_contiguous()
+            assert view.device == torch.device("cpu")
+
+
+def test_capacity_and_n(pool: BucketPool) -> None:
+    handle = pool.acquire(np.int64(1196))
+    assert handle.n == 1196
+    assert type(handle.n) is int
+    assert handle.capacity == 2048
+    handle.release()
+
+
+def test_views_are_zero_copy_at_offset_zero_and_reused(pool: BucketPool) -> None:
+    with pool.acquire(100) as first:
+        ptrs = data_ptrs(first)
+        first.src_ptrs[:] = torch.arange(100)
+    # Another n of the same bucket gets the same buffer, and sees what was written.
+    with pool.acquire(120) as second:
+        assert data_ptrs(second) == ptrs
+        assert torch.equal(second.src_ptrs[:100], torch.arange(100))
+
+
+def test_same_n_returns_the_same_views(pool: BucketPool) -> None:
+    with pool.acquire(77) as first:
+        pass
+    with pool.acquire(77) as second:
+        assert second is first
+
+
+def test_fields_never_alias(pool: BucketPool) -> None:
+    with pool.acquire(64) as bufs:
+        bufs.src_ptrs.fill_(1)
+        bufs.dst_ptrs.fill_(2)
+        bufs.sizes.fill_(3)
+        assert bufs.src_ptrs.tolist() == [1] * 64
+        assert bufs.dst_ptrs.tolist() == [2] * 64
+        assert len(set(data_ptrs(bufs))) == 3
+
+
+def test_live_handles_never_share_storage(pool: BucketPool) -> None:
+    handles = [pool.acquire(n) for n in (5, 5, 16, 3, 40, 33)]
+    ptrs = [p for handle in handles for p in data_ptrs(handle.buffers)]
+    assert len(set(ptrs)) == len(ptrs)
+    for handle in handles:
+        handle.release()
+
+
+def test_arrays_share_memory_with_views(pool: BucketPool) -> None:
+    handle = pool.acquire(10)
+    src, dst, sizes = handle.arrays
+    assert src.shape == (10,)
+    src[:] = np.arange(10)
+    sizes[3] = 99
+    assert handle.buffers.src_ptrs.tolist() == list(range(10))
+    assert int(handle.buffers.sizes[3]) == 99
+    assert dst.ctypes.data == handle.buffers.dst_ptrs.data_ptr()
+    handle.release()
+
+
+def test_add_copies_through_the_handle(pool: BucketPool) -> None:
+    handle = pool.acquire(4)
+    end = handle.add_copies(0, [16, 32], [48, 64], 8)
+    end = handle.add_copies(end, np.array([1 << 12]), np.array([1 << 13]), [24])
+    assert end == 3
+    assert handle.buffers.src_ptrs[:3].tolist() == [16, 32, 1 << 12]
+    assert handle.buffers.sizes[:3].tolist() == [8, 8, 24]
+    handle.release()
+
+
+def test_add_block_copies_through_the_handle(pool: BucketPool) -> None:
+    handle = pool.acquire(4)
+    end = handle.add_block_copies(0, 1000, 5000, [0, 1, 2, 7], [3, 4, 5, 0], 10)
+    assert end == 2
+    assert handle.buffers.src_ptrs[:2].tolist() == [1000, 1070]
+    assert handle.buffers.dst_ptrs[:2].tolist() == [5030, 5000]
+    assert handle.buffers.sizes[:2].tolist() == [30, 10]
+    handle.release()
+
+
+# -- with blocks and release ------------------------------------------------------------
+
+
+def test_with_releases_on_exit(pool: BucketPool) -> None:
+    handle = pool.acquire(8)
+    with handle as bufs:
+        assert bufs is handle.buffers
+        assert not handle.released
+    assert handle.released
+    assert pool.stats().active_requests.current == 0
+
+
+def test_with_releases_when_the_block_raises(pool: BucketPool) -> None:
+    handle = pool.acquire(8)
+    with pytest.raises(KeyError, match="boom"), handle:
+        raise KeyError("boom")
+    assert handle.released
+    assert pool.stats().cached_bytes == TRIPLE_16
+
+
+def test_pool_release_is_handle_release(pool: BucketPool) -> None:
+    handle = pool.acquire(8)
+    pool.release(handle)
+    assert handle.released
+    assert pool.stats().active_requests.current == 0
+
+
+def test_double_release_raises_and_changes_nothing(pool: BucketPool) -> None:
+    handle = pool.acquire(8)
+    handle.release()
+    before = pool.stats()
+    with pytest.raises(ReleaseError, match=r"a handle \(n=8\) was already released"):
+        handle.release()
+    with pytest.raises(ReleaseError, match="already released"):
+        pool.release(handle)
+    assert pool.stats() == before
+    # The buffer is in the pool once: two live handles get two buffers.
+    first, second = pool.acquire(8), pool.acquire(8)
+    assert first.buffers.src_ptrs.data_ptr() != second.buffers.src_ptrs.data_ptr()
+    first.release()
+    second.release()
+
+
+def test_double_release_through_with_raises() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(3)
+    with pytest.raises(ReleaseError), handle:
+        handle.release()
+    assert pool.stats().cached_bytes == TRIPLE_16
+
+
+def test_foreign_release_raises_and_changes_nothing(pool: BucketPool) -> None:
+    other = BucketPool()
+    handle = other.acquire(8)
+    before = pool.stats()
+    with pytest.raises(ReleaseError, match="handed out by another pool"):
+        pool.release(handle)
+    assert pool.stats() == before
+    assert not handle.released
+    other.release(handle)
+
+
+def test_release_of_something_else_is_a_type_error(pool: BucketPool) -> None:
+    with pool.acquire(3) as bufs:
+        with pytest.raises(TypeError, match="release takes a BufferHandle"):
+            pool.release(bufs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("attribute", ["buffers", "arrays"])
+def test_views_after_release_raise(pool: BucketPool, attribute: str) -> None:
+    handle = pool.acquire(8)
+    handle.release()
+    with pytest.raises(ReleaseError, match=f"{attribute}: a handle"):
+        getattr(handle, attribute)
+    with pytest.raises(ReleaseError), handle:
+        pass
+    with pytest.raises(ReleaseError):
+        handle.add_copies(0, [1], [2], 3)
+
+
+def test_handles_are_not_made_by_hand() -> None:
+    handle = BucketPool().acquire(1)
+    assert isinstance(handle, BufferHandle)
+    handle.release()
+    assert repr(handle) == "<BufferHandle n=1 capacity=16 released>"
+
+
+# -- bad input --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [True, 1.0, "3", None, [3]])
+def test_non_integer_n_is_type_error_and_pool_keeps_working(pool: BucketPool, bad: object) -> None:
+    with pytest.raises(TypeError, match="n must be an integer count of descriptors"):
+        pool.acquire(bad)  # type: ignore[arg-type]
+    with pool.acquire(3) as bufs:
+        assert bufs.sizes.numel() == 3
+    assert pool.stats().active_requests.current == 0
+
+
+def test_negative_n_is_value_error(pool: BucketPool) -> None:
+    with pytest.raises(ValueError, match="n must be >= 0, got -1"):
+        pool.acquire(-1)
+    assert pool.stats().misses == 0
+
+
+def test_n_above_max_capacity_names_the_limit() -> None:
+    pool = BucketPool(max_capacity=1024)
+    with pytest.raises(ValueError, match=r"n=1025 is above the pool's max_capacity=1024"):
+        pool.acquire(1025)
+    with pool.acquire(1024) as bufs:
+        assert bufs.src_ptrs.numel() == 1024
+    assert pool.bucket_capacity(1024) == 1024
+
+
+def test_default_max_capacity_refuses_a_huge_request(pool: BucketPool) -> None:
+    with pytest.raises(ValueError, match="max_capacity=16777216"):
+        pool.acquire(10**10)
+
+
+# -- options ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float64, torch.uint8])
+def test_bad_dtype(dtype: torch.dtype) -> None:
+    with pytest.raises(TypeError, match=r"dtype must be torch.int64 or torch.uint64 \(XPU\)"):
+        BucketPool(dtype=dtype)
+
+
+@pytest.mark.parametrize("device", ["cuda", "meta", torch.device("cuda:1")])
+def test_non_host_device(device: str | torch.device) -> None:
+    with pytest.raises(ValueError, match="device must be 'cpu'"):
+        BucketPool(device=device)
+
+
+def test_unknown_device() -> None:
+    with pytest.raises(ValueError, match="is not a torch device"):
+        BucketPool(device="floppy")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without an accelerator")
+def test_pinning_without_accelerator_fails_at_construction() -> None:
+    with pytest.raises(RuntimeError, match="pin_memory=True needs an accelerator"):
+        BucketPool(pin_memory=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"min_capacity": 3}, "min_capacity must be a power of two"),
+        ({"max_capacity": 1000}, "max_capacity must be a power of two"),
+        ({"min_capacity": 64, "max_capacity": 32}, "min_capacity=64 is above max_capacity=32"),
+        ({"max_cached_bytes": -1}, "max_cached_bytes must be >= 0"),
+        ({"max_cached_per_bucket": -2}, "max_cached_per_bucket must be >= 0"),
+        ({"idle_trim_acquires": 1.5}, "idle_trim_acquires must be an int"),
+        ({"debug": "loud"}, "valid levels: off, checks, strict"),
+        ({"pin_memory": 1}, "pin_memory must be a bool"),
+    ],
+)
+def test_bad_options(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BucketPool(**options)  # type: ignore[arg-type]
+
+
+def test_min_capacity_sets_the_smallest_bucket() -> None:
+    pool = BucketPool(min_capacity=256)
+    handle = pool.acquire(0)
+    assert handle.capacity == 256
+    assert handle.buffers.src_ptrs.numel() == 0
+    handle.release()
+    assert pool.bucket_capacity(300) == 512
+
+
+def test_positional_options_are_refused() -> None:
+    with pytest.raises(TypeError):
+        BucketPool(torch.int64)  # type: ignore[call-arg]
+
+
+# -- memory: caps, trim, idle trimming, reserve -----------------------------------------
+
+
+def test_per_bucket_cap_frees_the_extra_buffer() -> None:
+    pool = BucketPool(max_cached_per_bucket=2)
+    handles = [pool.acquire(16) for _ in range(3)]
+    for handle in handles:
+        handle.release()
+    stats = pool.stats()
+    assert stats.cached_bytes == 2 * TRIPLE_16
+    assert stats.allocations == Stat(current=2, peak=3, allocated=3, freed=1)
+
+
+def test_byte_cap_evicts_least_recently_used_bucket_first() -> None:
+    pool = BucketPool(max_cached_bytes=6 * KIB, idle_trim_acquires=0)
+    with pool.acquire(64):  # 1.5 KiB, used first
+        pass
+    with pool.acquire(128):  # 3 KiB
+        pass
+    # Releasing a 1.5 KiB buffer of a third bucket would pass the cap: the LRU bucket goes.
+    with pool.acquire(33):
+        pass
+    assert [(b.capacity, b.cached) for b in pool.stats().buckets] == [(64, 1), (128, 1)]
+    with pool.acquire(64):
+        pass
+    assert [(b.capacity, b.cached) for b in pool.stats().buckets] == [(64, 1), (128, 1)]
+    assert pool.stats().cached_bytes == 4608
+
+
+def test_a_buffer_larger_than_the_cap_is_freed_on_release() -> None:
+    pool = BucketPool(max_cached_bytes=1 * KIB)
+    with pool.acquire(1024):
+        pass
+    stats = pool.stats()
+    assert stats.cached_bytes == 0
+    assert stats.allocated_bytes.current == 0
+    assert stats.allocated_bytes.freed == 24 * KIB
+
+
+def test_trim_frees_down_to_a_target_lru_first(pool: BucketPool) -> None:
+    for n in (16, 32, 64):
+        with pool.acquire(n):
+            pass
+    assert pool.stats().cached_bytes == 384 + 768 + 1536
+    assert pool.trim(2000) == 384 + 768
+    assert [b.cached for b in pool.stats().buckets] == [0, 0, 1]
+    assert pool.empty_cache() == 1536
+    assert pool.stats().cached_bytes == 0
+    assert pool.stats().allocations.current == 0
+
+
+def test_trim_never_frees_active_or_parked_buffers(pool: BucketPool) -> None:
+    active = pool.acquire(16)
+    parked = pool.acquire(32)
+    event = FlagEvent()
+    parked.record_event(event)
+    parked.release()
+    assert pool.empty_cache() == 0
+    assert pool.stats().allocations.current == 2
+    event.done = True
+    assert pool.collect() == 1
+    active.release()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, True, None])
+def test_trim_rejects_bad_targets(pool: BucketPool, bad: object) -> None:
+    with pytest.raises(ValueError, match="max_bytes must be an int >= 0"):
+        pool.trim(bad)  # type: ignore[arg-type]
+
+
+def test_spike_memory_comes_back_after_idle_acquires() -> None:
+    idle = 64
+    pool = BucketPool(idle_trim_acquires=idle)
+    with pool.acquire(1_048_576):
+        pass
+    spike_bytes = 1_048_576 * 24
+    assert pool.stats().cached_bytes == spike_bytes
+    small_need = 0
+    for step in range(1, 2 * idle):
+        with pool.acquire(100 + step % 50):
+            small_need = max(small_need, pool.stats().active_bytes.current)
+        if step >= idle + idle // 4:
+            # The documented bound: idle_trim_acquires * 5 / 4 acquires after the last use.
+            assert pool.stats().cached_bytes <= small_need + 256 * 24
+    assert pool.stats().allocated_bytes.current < spike_bytes
+
+
+def test_idle_trimming_can_be_disabled() -> None:
+    pool = BucketPool(idle_trim_acquires=0)
+    with pool.acquire(4096):
+        pass
+    for _ in range(5000):
+        with pool.acquire(16):
+            pass
+    assert pool.stats().cached_bytes == 4096 * 24 + TRIPLE_16
+
+
+def test_reserve_prefills_the_bucket(pool: BucketPool) -> None:
+    pool.reserve(1000, count=3)
+    stats = pool.stats()
+    assert stats.allocations.current == 3
+    assert stats.cached_bytes == 3 * 1024 * 24
+    assert stats.misses == 0
+    handles = [pool.acquire(900 + i) for i in range(3)]
+    assert pool.stats().misses == 0
+    assert pool.stats().hits == 3
+    for handle in handles:
+        handle.release()
+
+
+def test_reserve_beyond_the_caps_is_refused_and_allocates_nothing() -> None:
+    pool = BucketPool(max_cached_per_bucket=2, max_cached_bytes=1 << 20)
+    with pytest.raises(ValueError, match=r"would cache 3 buffers .* max_cached_per_bucket=2"):
+        pool.reserve(16, count=3)
+    with pytest.raises(ValueError, match="max_cached_bytes=1,048,576"):
+        pool.reserve(1 << 16)
+    with pytest.raises(ValueError, match="count must be an int >= 0"):
+        pool.reserve(16, count=-1)
+    assert pool.stats().allocations.allocated == 0
+
+
+# -- stats ------------------------------------------------------------------------------
+
+
+def bucket_row(stats: PoolStats) -> list[tuple[int, int, int, int, int, int]]:
+    return [(b.capacity, b.hits, b.misses, b.cached, b.active, b.parked) for b in stats.buckets]
+
+
+def test_exact_accounting_after_every_step() -> None:
+    pool = BucketPool(max_cached_per_bucket=1)
+    empty = PoolStats(
+        allocations=Stat(0, 0, 0, 0),
+        allocated_bytes=Stat(0, 0, 0, 0),
+        active_requests=Stat(0, 0, 0, 0),
+        active_bytes=Stat(0, 0, 0, 0),
+        cached_bytes=0,
+        parked_bytes=0,
+        parked=0,
+        hits=0,
+        misses=0,
+        requested_entries=0,
+        rounded_entries=0,
+        buckets=(),
+    )
+    assert pool.stats() == empty
+
+    a = pool.acquire(10)  # miss in bucket 16
+    s = pool.stats()
+    assert s.allocations == Stat(1, 1, 1, 0)
+    assert s.allocated_bytes == Stat(384, 384, 384, 0)
+    assert s.active_requests == Stat(1, 1, 1, 0)
+    assert s.active_bytes == Stat(384, 384, 384, 0)
+    assert (s.cached_bytes, s.parked, s.hits, s.misses) == (0, 0, 0, 1)
+    assert (s.requested_entries, s.rounded_entries) == (10, 16)
+    assert bucket_row(s) == [(16, 0, 1, 0, 1, 0)]
+
+    b = pool.acquire(100)  # miss in bucket 128
+    s = pool.stats()
+    assert s.allocations == Stat(2, 2, 2, 0)
+    assert s.allocated_bytes == Stat(3456, 3456, 3456, 0)
+    assert s.active_requests == Stat(2, 2, 2, 0)
+    assert s.active_bytes == Stat(3456, 3456, 3456, 0)
+    assert (s.requested_entries, s.rounded_entries) == (110, 144)
+    assert bucket_row(s) == [(16, 0, 1, 0, 1, 0), (128, 0, 1, 0, 1, 0)]
+
+    a.release()
+    s = pool.stats()
+    assert s.active_requests == Stat(1, 2, 2, 1)
+    assert s.active_bytes == Stat(3072, 3456, 3456, 384)
+    assert s.cached_bytes == 384
+    assert bucket_row(s) == [(16, 0, 1, 1, 0, 0), (128, 0, 1, 0, 1, 0)]
+
+    c = pool.acquire(16)  # hit
+    d = pool.acquire(1)  # miss: the only cached 16 is out
+    s = pool.stats()
+    assert s.allocations == Stat(3, 3, 3, 0)
+    assert s.active_requests == Stat(3, 3, 4, 1)
+    assert s.active_bytes == Stat(3840, 3840, 4224, 384)
+    assert (s.cached_bytes, s.hits, s.misses) == (0, 1, 3)
+    assert (s.requested_entries, s.rounded_entries) == (127, 176)
+    assert bucket_row(s) == [(16, 1, 2, 0, 2, 0), (128, 0, 1, 0, 1, 0)]
+
+    event = FlagEvent()
+    d.record_event(event)
+    d.release()  # parked
+    c.release()  # cached
+    s = pool.stats()
+    assert (s.cached_bytes, s.parked, s.parked_bytes) == (384, 1, 384)
+    assert bucket_row(s) == [(16, 1, 2, 1, 0, 1), (128, 0, 1, 0, 1, 0)]
+
+    event.done = True
+    assert pool.collect() == 1  # over max_cached_per_bucket=1: freed
+    s = pool.stats()
+    assert s.allocations == Stat(2, 3, 3, 1)
+    assert s.allocated_bytes == Stat(3456, 3840, 3840, 384)
+    assert (s.cached_bytes, s.parked, s.parked_bytes) == (384, 0, 0)
+    assert bucket_row(s) == [(16, 1, 2, 1, 0, 0), (128, 0, 1, 0, 1, 0)]
+
+    pool.reset_peak_stats()
+    s = pool.stats()
+    assert s.allocations == Stat(2, 2, 3, 1)
+    assert s.active_requests == Stat(1, 1, 4, 3)
+    assert s.active_bytes == Stat(3072, 3072, 4224, 1152)
+
+    b.release()
+    assert pool.empty_cache() == 3456
+    s = pool.stats()
+    assert s.allocations == Stat(0, 2, 3, 3)
+    assert s.allocated_bytes == Stat(0, 3456, 3840, 3840)
+    assert bucket_row(s) == [(16, 1, 2, 0, 0, 0), (128, 0, 1, 0, 0, 0)]
+
+
+def test_stats_table_is_readable() -> None:
+    pool = BucketPool()
+    with pool.acquire(1196):
+        pass
+    with pool.acquire(1500):
+        pass
+    table = str(pool.stats())
+    assert "allocations" in table
+    assert "hit rate 50.0%" in table
+    assert "rounding waste 1,400 entries" in table
+    assert table.splitlines()[-1].split() == ["2,048", "1", "1", "1", "0", "0"]
+
+
+# -- deferred reuse ---------------------------------------------------------------------
+
+
+def test_pending_event_parks_the_buffer_until_done(pool: BucketPool) -> None:
+    first = pool.acquire(50)
+    ptrs = data_ptrs(first.buffers)
+    event = FlagEvent()
+    first.record_event(event)
+    first.release()
+    assert pool.stats().parked == 1
+    with pool.acquire(50) as other:  # the parked buffer is not handed out
+        assert data_ptrs(other) != ptrs
+    event.done = True
+    # A cached buffer is served first; the parked one retires when the bucket runs dry.
+    again = [pool.acquire(50) for _ in range(2)]
+    assert {data_ptrs(h.buffers) for h in again} == {ptrs, data_ptrs(other)}
+    assert pool.stats().parked == 0
+    for handle in again:
+        handle.release()
+
+
+def test_done_event_does_not_park(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    handle.record_event(FlagEvent(done=True))
+    handle.release()
+    assert pool.stats().parked == 0
+    assert pool.stats().cached_bytes == TRIPLE_16
+
+
+def test_every_event_must_complete(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    events = [FlagEvent(), FlagEvent(), FlagEvent(done=True)]
+    for event in events:
+        handle.record_event(event)
+    handle.release()
+    events[0].done = True
+    assert pool.collect() == 0
+    events[1].done = True
+    assert pool.collect() == 1
+    assert pool.collect() == 0
+
+
+def test_done_events_are_not_queried_again(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    done, pending = FlagEvent(done=True), FlagEvent()
+    handle.record_event(done)
+    handle.record_event(pending)
+    handle.release()
+    pool.collect()
+    assert done.queries == 1
+    pending.done = True
+    pool.collect()
+
+
+def test_real_torch_event_on_cpu(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    handle.record_event(torch.Event(device="cpu"))  # never recorded: reports done
+    ptr = handle.buffers.src_ptrs.data_ptr()
+    handle.release()
+    assert pool.stats().parked == 0
+    with pool.acquire(5) as bufs:
+        assert bufs.src_ptrs.data_ptr() == ptr
+
+
+def test_record_after_release_raises(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    handle.release()
+    with pytest.raises(ReleaseError, match="record_event: a handle"):
+        handle.record_event(FlagEvent())
+
+
+def test_record_of_a_non_event_is_a_type_error(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    with pytest.raises(TypeError, match=r"query\(\) -> bool method"):
+        handle.record_event(object())  # type: ignore[arg-type]
+    handle.release()
+    assert pool.stats().parked == 0
+
+
+def test_synchronize_waits_for_every_parked_buffer(pool: BucketPool) -> None:
+    events: list[FlagEvent] = [SyncEvent(), SyncEvent()]
+    polled = FlagEvent()
+    timer = threading.Timer(0.05, lambda: setattr(polled, "done", True))
+    events.append(polled)
+    for event in events:
+        handle = pool.acquire(20)
+        handle.record_event(event)
+        handle.release()
+    assert pool.stats().parked == 3
+    timer.start()
+    pool.synchronize()
+    assert pool.stats().parked == 0
+    assert all(event.done for event in events)
+
+
+def test_collect_returns_how_many_retired(pool: BucketPool) -> None:
+    events = [FlagEvent() for _ in range(4)]
+    for n, event in zip((5, 50, 500, 5000), events, strict=True):
+        handle = pool.acquire(n)
+        handle.record_event(event)
+        handle.release()
+    events[1].done = events[3].done = True
+    assert pool.collect() == 2
+    assert [b.parked for b in pool.stats().buckets] == [1, 0, 1, 0]
+    events[0].done = events[2].done = True
+    assert pool.collect() == 2
+
+
+# -- leaks and outstanding handles ------------------------------------------------------
+
+
+def leak(pool: BucketPool, n: int) -> None:
+    pool.acquire(n)  # dropped at once: never released
+
+
+def test_leaked_handle_warns_with_its_site_and_buffer_comes_back() -> None:
+    pool = BucketPool(debug="checks")
+    with pytest.warns(
+        ResourceWarning, match=r"n=33 was never released; acquired at .*test_pool.py:\d+"
+    ):
+        leak(pool, 33)
+    assert pool.stats().active_requests.current == 0
+    assert pool.stats().cached_bytes == 64 * 24
+    assert pool.outstanding() == []
+
+
+def test_leak_without_tracing_says_how_to_find_it() -> None:
+    pool = BucketPool()
+    with pytest.warns(ResourceWarning, match="set debug='checks' or BUCKETPOOL_DEBUG=checks"):
+        leak(pool, 3)
+    assert pool.stats().cached_bytes == TRIPLE_16
+
+
+def test_leaked_handle_with_pending_event_is_parked() -> None:
+    pool = BucketPool()
+    event = FlagEvent()
+    handle = pool.acquire(3)
+    handle.record_event(event)
+    with pytest.warns(ResourceWarning):
+        del handle  # reference counting finalises it here, not at some later collection
+    assert pool.stats().parked == 1
+    event.done = True
+    assert pool.collect() == 1
+
+
+def test_outstanding_lists_live_handles_with_sites() -> None:
+    pool = BucketPool(trace=True)
+    live = [pool.acquire(n) for n in (3, 300)]
+    done = pool.acquire(4)
+    done.release()
+    out = pool.outstanding()
+    assert sorted(h.n for h in out) == [3, 300]
+    assert all(h in live for h in out)
+    site = live[0].acquired_at
+    assert site is not None
+    assert "test_outstanding_lists_live_handles_with_sites" in site  # a full stack
+    for handle in live:
+        handle.release()
+    assert pool.outstanding() == []
+
+
+def test_sites_are_file_and_line_at_debug_checks() -> None:
+    pool = BucketPool(debug="checks")
+    handle = pool.acquire(3)  # the site
+    assert handle.acquired_at is not None
+    assert handle.acquired_at.endswith(f"test_pool.py:{_line_of('# the site')}")
+    handle.release()
+
+
+def _line_of(text: str) -> int:
+    with open(__file__, encoding="utf-8") as source:
+        lines = source.read().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.endswith(text))
+
+
+# -- debug checks -----------------------------------------------------------------------
+
+
+def test_released_buffers_are_poisoned_at_checks() -> None:
+    pool = BucketPool(debug="checks")
+    handle = pool.acquire(16)
+    handle.buffers.sizes.fill_(8)
+    src = handle.arrays[0]
+    sizes = handle.arrays[2]
+    handle.release()
+    assert not sizes.any()
+    assert (src.view(np.uint64) == POISON).all()
+
+
+def test_stale_write_is_caught_and_the_pool_stays_consistent() -> None:
+    pool = BucketPool(debug="checks")
+    with pool.acquire(16) as bufs:
+        stale = bufs.sizes
+    stale[3] = 4096  # a write through a view kept past release
+    before = pool.stats()
+    with pytest.raises(
+        UseAfterReleaseError, match=r"written after its release.*acquired at .*released at"
+    ):
+        pool.acquire(16)
+    assert pool.stats() == before  # kept, re-poisoned, nothing lost
+    with pool.acquire(16) as bufs:
+        assert not bufs.sizes.any()
+
+
+def test_rewrite_while_in_flight_raises_at_the_next_call() -> None:
+    pool = BucketPool(debug="checks")
+    event = FlagEvent()
+    handle = pool.acquire(8)
+    handle.buffers.sizes.fill_(64)
+    handle.record_event(event)
+    handle.buffers.sizes[0] = 1  # the copy may still read this
+    handle.release()
+    event.done = True
+    with pytest.raises(InFlightWriteError, match=r"descriptors of a handle \(n=8, acquired at"):
+        pool.collect()
+    assert pool.stats().parked == 0
+    assert pool.stats().cached_bytes == TRIPLE_16
+    with pool.acquire(8):  # reported once
+        pass
+
+
+def test_unchanged_descriptors_pass_the_in_flight_check() -> None:
+    pool = BucketPool(debug="checks")
+    event = FlagEvent()
+    handle = pool.acquire(8)
+    handle.buffers.sizes.fill_(64)
+    handle.record_event(event)
+    handle.release()
+    event.done = True
+    assert pool.collect() == 1
+
+
+def test_escaped_view_raises_at_strict() -> None:
+    pool = BucketPool(debug="strict")
+    kept: list[torch.Tensor] = []
+    with pytest.raises(EscapedViewError, match="still referenced after its with block: dst_ptrs"):
+        with pool.acquire(4) as bufs:
+            kept.append(bufs.dst_ptrs)
+    assert pool.stats().active_requests.current == 0  # released all the same
+    kept.clear()
+
+
+def test_derived_view_counts_as_escaped() -> None:
+    pool = BucketPool(debug="strict")
+    kept: list[torch.Tensor] = []
+    with pytest.raises(EscapedViewError, match="sizes"), pool.acquire(4) as bufs:
+        kept.append(bufs.sizes[1:])
+    kept.clear()
+
+
+def test_escaped_view_warns_at_checks() -> None:
+    pool = BucketPool(debug="checks")
+    kept: list[object] = []
+    with pytest.warns(ResourceWarning, match="the DescriptorBuffers tuple"):
+        with pool.acquire(4) as bufs:
+            kept.append(bufs)
+    kept.clear()
+
+
+def test_local_views_are_not_escapes() -> None:
+    pool = BucketPool(debug="strict")
+    for n in (3, 3, 40):
+        with pool.acquire(n) as (src, dst, sizes):
+            src.fill_(1)
+            dst.fill_(2)
+            sizes.fill_(3)
+        with pool.acquire(n) as bufs:
+            bufs.sizes.fill_(0)
+            array = bufs.src_ptrs.numpy()
+            array[:] = 7
+            del array
+
+
+def test_debug_errors_share_one_base() -> None:
+    for error in (ReleaseError, UseAfterReleaseError, InFlightWriteError, EscapedViewError):
+        assert issubclass(error, PoolError)
+    assert issubclass(PoolError, RuntimeError)
+
+
+# -- threads ----------------------------------------------------------------------------
+
+
+def test_threads_share_a_pool() -> None:
+    pool = BucketPool()
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(500):
+                n = (seed * 7919 + i * 31) % 3000
+                with pool.acquire(n) as bufs:
+                    bufs.src_ptrs.fill_(seed)
+                    assert bool((bufs.src_ptrs == seed).all())
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    stats = pool.stats()
+    assert stats.active_requests == Stat(0, stats.active_requests.peak, 2000, 2000)
+    assert stats.hits + stats.misses == 2000
