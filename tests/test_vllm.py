@@ -1,0 +1,440 @@
+"""Tests of bucketpool.vllm against stand-in vLLM module trees (vLLM cannot be installed here).
+
+Each tree is built from `types.ModuleType` objects under the real dotted names and put in
+`sys.modules` through `monkeypatch`, so that every test leaves `sys.modules` as it found it.
+The stand-in classes behave like vLLM's: a LIFO pool of NamedTuples of three or six fields.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from bucketpool import compat
+from bucketpool import vllm as bucketpool_vllm
+
+LEGACY = "vllm.distributed.ec_transfer.ec_connector.cpu"
+CANONICAL = "vllm.backends.distributed.ec_transfer.ec_connector.cpu"
+
+
+class TensorBuffers(NamedTuple):
+    """vLLM's first shape."""
+
+    src_ptrs: torch.Tensor
+    dst_ptrs: torch.Tensor
+    sizes: torch.Tensor
+
+
+class AliasedBuffers(NamedTuple):
+    """vLLM's later shape: the tensors plus numpy aliases, filled through add_copies."""
+
+    src_ptrs: torch.Tensor
+    dst_ptrs: torch.Tensor
+    sizes: torch.Tensor
+    src_np: npt.NDArray[Any]
+    dst_np: npt.NDArray[Any]
+    sizes_np: npt.NDArray[Any]
+
+    def add_copies(
+        self,
+        first: int,
+        sources: npt.NDArray[Any],
+        destinations: npt.NDArray[Any],
+        byte_counts: npt.NDArray[Any],
+    ) -> None:
+        end = first + len(sources)
+        self.src_np[first:end] = sources
+        self.dst_np[first:end] = destinations
+        self.sizes_np[first:end] = byte_counts
+
+
+class StreamBuffers(NamedTuple):
+    """A shape bucketpool does not know: a made-up future field."""
+
+    src_ptrs: torch.Tensor
+    dst_ptrs: torch.Tensor
+    sizes: torch.Tensor
+    stream: torch.Tensor
+
+
+def make_pool_class(
+    buffers: Callable[..., tuple[Any, ...]], dtypes: tuple[torch.dtype, torch.dtype, torch.dtype]
+) -> type:
+    """A stand-in for vLLM's DescriptorBufferPool handing out *buffers* of *dtypes*."""
+
+    class DescriptorBufferPool:
+        def __init__(self) -> None:
+            self._pool: list[tuple[Any, ...]] = []
+
+        def acquire(self, n: int) -> tuple[Any, ...]:
+            if self._pool:
+                bufs = self._pool.pop()
+                if bufs[0].numel() >= n:
+                    return bufs
+            src, dst, sizes = (torch.empty(n, dtype=dtype) for dtype in dtypes)
+            if buffers is AliasedBuffers:
+                return buffers(src, dst, sizes, src.numpy(), dst.numpy(), sizes.numpy())
+            if buffers is StreamBuffers:
+                return buffers(src, dst, sizes, torch.empty(0))
+            return buffers(src, dst, sizes)
+
+        def release(self, bufs: tuple[Any, ...]) -> None:
+            self._pool.append(bufs)
+
+    return DescriptorBufferPool
+
+
+@attrs.frozen
+class Tree:
+    """One stand-in vLLM: its descriptor-buffers module, the worker, and the originals."""
+
+    module: types.ModuleType
+    worker: types.ModuleType
+    pool: type
+    buffers: type
+
+
+class Builder:
+    """Builds stand-in vLLM trees under the real names, registered through monkeypatch."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._monkeypatch = monkeypatch
+
+    def package(self, name: str) -> types.ModuleType:
+        """Register the package *name* and its parents (each one only once)."""
+        existing = sys.modules.get(name)
+        if isinstance(existing, types.ModuleType):
+            return existing
+        module = types.ModuleType(name)
+        module.__path__ = []  # a package, in which nothing else can be found
+        self.register(module)
+        return module
+
+    def register(self, module: types.ModuleType) -> None:
+        """Register *module* under its name, creating its parent packages."""
+        self.alias(module.__name__, module)
+
+    def alias(self, name: str, module: types.ModuleType) -> None:
+        """Register *module* under *name* too, as vLLM's compatibility shims do."""
+        parent_name, _, child = name.rpartition(".")
+        if parent_name:
+            parent = self.package(parent_name)
+            setattr(parent, child, module)
+        self._monkeypatch.setitem(sys.modules, name, module)
+
+    def vllm(self, version: str = "0.0.0-stand-in") -> types.ModuleType:
+        root = self.package("vllm")
+        root.__version__ = version  # type: ignore[attr-defined]
+        return root
+
+    def tree(
+        self,
+        buffers: Callable[..., tuple[Any, ...]] = TensorBuffers,
+        dtypes: tuple[torch.dtype, torch.dtype, torch.dtype] = (torch.int64,) * 3,
+        *,
+        prefix: str = LEGACY,
+    ) -> Tree:
+        """A vLLM whose worker did ``from .descriptor_buffers import ...`` (at *prefix*)."""
+        self.vllm()
+        module = types.ModuleType(f"{prefix}.worker.descriptor_buffers")
+        module.DescriptorBuffers = buffers  # type: ignore[attr-defined]
+        module.DescriptorBufferPool = make_pool_class(buffers, dtypes)  # type: ignore[attr-defined]
+        worker = self.package(f"{prefix}.worker")
+        self.register(module)
+        worker.DescriptorBufferPool = module.DescriptorBufferPool  # type: ignore[attr-defined]
+        worker.DescriptorBuffers = module.DescriptorBuffers  # type: ignore[attr-defined]
+        return Tree(module, worker, module.DescriptorBufferPool, module.DescriptorBuffers)
+
+
+@pytest.fixture(autouse=True)
+def _no_vllm_left_behind() -> Iterator[None]:
+    """Every test leaves sys.modules as it found it (this teardown runs after monkeypatch's)."""
+    before = {name for name in sys.modules if name == "vllm" or name.startswith("vllm.")}
+    yield
+    after = {name for name in sys.modules if name == "vllm" or name.startswith("vllm.")}
+    assert after == before
+
+
+@pytest.fixture(autouse=True)
+def _uninstalled(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Start and end uninstalled, while the stand-in trees are still registered."""
+    assert not bucketpool_vllm.installed()
+    yield
+    bucketpool_vllm.uninstall()
+
+
+@pytest.fixture
+def build(monkeypatch: pytest.MonkeyPatch) -> Builder:
+    # Whatever the environment holds, these tests see only their stand-ins.
+    for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    return Builder(monkeypatch)
+
+
+def assert_untouched(tree: Tree) -> None:
+    assert tree.module.DescriptorBufferPool is tree.pool
+    assert tree.module.DescriptorBuffers is tree.buffers
+    assert tree.worker.DescriptorBufferPool is tree.pool
+    assert tree.worker.DescriptorBuffers is tree.buffers
+
+
+# -- install -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
+def test_three_fields_get_the_three_field_adapter(build: Builder, dtype: torch.dtype) -> None:
+    tree = build.tree(TensorBuffers, (dtype,) * 3)
+
+    bucketpool_vllm.install()
+
+    assert bucketpool_vllm.installed()
+    for module in (tree.module, tree.worker):
+        assert module.DescriptorBuffers is compat.DescriptorBuffers
+        assert module.DescriptorBufferPool is tree.module.DescriptorBufferPool
+    pool = tree.worker.DescriptorBufferPool()  # as vLLM calls it: no arguments
+    assert type(pool) is compat.DescriptorBufferPool
+    bufs = pool.acquire(5)
+    assert type(bufs) is compat.DescriptorBuffers
+    assert [t.dtype for t in bufs] == [dtype] * 3
+    assert [t.numel() for t in bufs] == [5, 5, 5]
+    pool.release(bufs)
+    again = pool.acquire(5)
+    assert again is bufs
+    pool.release(again)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
+def test_six_fields_get_the_aliased_adapter(build: Builder, dtype: torch.dtype) -> None:
+    tree = build.tree(AliasedBuffers, (dtype,) * 3)
+
+    bucketpool_vllm.install()
+
+    for module in (tree.module, tree.worker):
+        assert module.DescriptorBuffers is compat.AliasedDescriptorBuffers
+        assert module.DescriptorBufferPool is tree.module.DescriptorBufferPool
+    pool = tree.worker.DescriptorBufferPool()
+    assert type(pool) is compat.AliasedDescriptorBufferPool
+    bufs = pool.acquire(4)
+    assert type(bufs) is compat.AliasedDescriptorBuffers
+    assert [t.dtype for t in bufs[:3]] == [dtype] * 3
+    assert [a.dtype for a in bufs[3:]] == [np.dtype(str(dtype).removeprefix("torch."))] * 3
+    # As vLLM's worker fills them: uint64 numpy addresses, some with the top bit set.
+    high = np.uint64(1 << 63)
+    bufs.add_copies(1, high + np.arange(2, dtype=np.uint64), np.array([16, 32]), np.array([8, 8]))
+    assert bufs.src_np.view(np.uint64)[1:3].tolist() == [1 << 63, (1 << 63) + 1]
+    assert bufs.dst_ptrs[1:3].tolist() == [16, 32]
+    assert bufs.sizes[1:3].tolist() == [8, 8]
+    pool.release(bufs)
+
+
+def test_install_twice_is_harmless(build: Builder) -> None:
+    tree = build.tree(AliasedBuffers, (torch.uint64,) * 3)
+    bucketpool_vllm.install()
+    replacement = tree.module.DescriptorBufferPool
+
+    bucketpool_vllm.install()
+
+    assert tree.module.DescriptorBufferPool is replacement
+    assert tree.worker.DescriptorBufferPool is replacement
+    pool = tree.worker.DescriptorBufferPool()
+    bufs = pool.acquire(1)
+    assert bufs.src_ptrs.dtype == torch.uint64
+    pool.release(bufs)
+    bucketpool_vllm.uninstall()
+    assert_untouched(tree)
+
+
+def test_install_rebinds_every_vllm_binding_of_the_originals(build: Builder) -> None:
+    tree = build.tree()
+    other = types.ModuleType("vllm.other")
+    other.Pool = tree.pool  # type: ignore[attr-defined]  # bound under another name
+    other.unrelated = StreamBuffers  # type: ignore[attr-defined]  # not this vLLM's class
+    build.register(other)
+    outside = types.ModuleType("vllm_plugin_stand_in")  # not a vllm.* module
+    outside.DescriptorBufferPool = tree.pool  # type: ignore[attr-defined]
+    build.register(outside)
+
+    bucketpool_vllm.install()
+
+    assert other.Pool is tree.module.DescriptorBufferPool
+    assert other.unrelated is StreamBuffers
+    assert outside.DescriptorBufferPool is tree.pool
+
+
+def test_install_finds_the_canonical_module_behind_the_legacy_aliases(build: Builder) -> None:
+    tree = build.tree(AliasedBuffers, prefix=CANONICAL)
+    # Newer vLLM: the old module path is the same module object, and the old worker package
+    # is a shim that forwards attribute lookups to the canonical worker.
+    build.package(f"{LEGACY}.worker")
+    build.alias(f"{LEGACY}.worker.descriptor_buffers", tree.module)
+    legacy_worker = sys.modules[f"{LEGACY}.worker"]
+    legacy_worker.__getattr__ = lambda name: getattr(tree.worker, name)  # type: ignore[method-assign]
+
+    bucketpool_vllm.install()
+
+    assert tree.worker.DescriptorBuffers is compat.AliasedDescriptorBuffers
+    assert legacy_worker.DescriptorBufferPool is tree.module.DescriptorBufferPool
+    assert "DescriptorBufferPool" not in vars(legacy_worker)
+    bucketpool_vllm.uninstall()
+    assert_untouched(tree)
+    assert legacy_worker.DescriptorBufferPool is tree.pool
+
+
+def test_install_does_not_wrap_its_own_adapters(build: Builder) -> None:
+    tree = build.tree()
+    bucketpool_vllm.install()
+    replacement = tree.module.DescriptorBufferPool
+    saved = bucketpool_vllm._installed
+    bucketpool_vllm._installed = None  # as after a reload of bucketpool.vllm
+    try:
+        bucketpool_vllm.install()
+
+        assert tree.module.DescriptorBufferPool is replacement
+        assert tree.module.DescriptorBuffers is compat.DescriptorBuffers
+        assert not bucketpool_vllm.installed()
+    finally:
+        bucketpool_vllm._installed = saved
+    bucketpool_vllm.uninstall()
+    assert_untouched(tree)
+
+
+def test_pools_made_before_install_stay_vllms(build: Builder) -> None:
+    tree = build.tree()
+    before = tree.worker.DescriptorBufferPool()
+    bufs = before.acquire(3)
+
+    bucketpool_vllm.install()
+
+    before.release(bufs)
+    assert before.acquire(3) is bufs
+    assert type(before) is tree.pool
+
+
+# -- uninstall -----------------------------------------------------------------------------
+
+
+def test_uninstall_restores_the_originals(build: Builder) -> None:
+    tree = build.tree(AliasedBuffers)
+    bucketpool_vllm.install()
+    late = types.ModuleType("vllm.imported_after_install")
+    late.DescriptorBufferPool = tree.module.DescriptorBufferPool  # type: ignore[attr-defined]
+    late.DescriptorBuffers = tree.module.DescriptorBuffers  # type: ignore[attr-defined]
+    build.register(late)
+
+    bucketpool_vllm.uninstall()
+
+    assert not bucketpool_vllm.installed()
+    assert_untouched(tree)
+    assert late.DescriptorBufferPool is tree.pool
+    assert late.DescriptorBuffers is tree.buffers
+    # and it can be installed again
+    bucketpool_vllm.install()
+    assert tree.module.DescriptorBuffers is compat.AliasedDescriptorBuffers
+
+
+def test_uninstall_without_install_is_harmless(build: Builder) -> None:
+    tree = build.tree()
+
+    bucketpool_vllm.uninstall()
+    bucketpool_vllm.uninstall()
+
+    assert_untouched(tree)
+
+
+def test_uninstall_keeps_bindings_made_by_others(build: Builder) -> None:
+    tree = build.tree()
+    bucketpool_vllm.install()
+    tree.worker.DescriptorBufferPool = compat.DescriptorBufferPool  # type: ignore[attr-defined]
+
+    bucketpool_vllm.uninstall()
+
+    assert tree.module.DescriptorBufferPool is tree.pool
+    assert tree.worker.DescriptorBufferPool is compat.DescriptorBufferPool
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+def test_unknown_fields_raise_and_change_nothing(build: Builder) -> None:
+    tree = build.tree(StreamBuffers)
+
+    with pytest.raises(RuntimeError, match="fields") as caught:
+        bucketpool_vllm.install()
+
+    message = str(caught.value)
+    for field in StreamBuffers._fields:
+        assert repr(field) in message
+    assert "Nothing was replaced" in message
+    assert_untouched(tree)
+    assert not bucketpool_vllm.installed()
+
+
+def test_mixed_dtypes_raise_and_change_nothing(build: Builder) -> None:
+    tree = build.tree(AliasedBuffers, (torch.uint64, torch.uint64, torch.int64))
+
+    with pytest.raises(RuntimeError, match=r"torch\.uint64, torch\.uint64, torch\.int64"):
+        bucketpool_vllm.install()
+
+    assert_untouched(tree)
+    assert not bucketpool_vllm.installed()
+
+
+def test_a_pool_that_cannot_be_asked_raises_and_changes_nothing(
+    build: Builder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = build.tree()
+
+    def needs_an_argument(self: object, size: int) -> None:
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(tree.pool, "__init__", needs_an_argument)
+
+    with pytest.raises(RuntimeError, match="could not ask") as caught:
+        bucketpool_vllm.install()
+
+    assert isinstance(caught.value.__cause__, TypeError)
+    assert_untouched(tree)
+
+
+def test_without_vllm_install_says_vllm_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what an absent package looks like
+
+    with pytest.raises(ImportError, match="needs vLLM") as caught:
+        bucketpool_vllm.install()
+
+    assert "pip install vllm" in str(caught.value)
+    assert not isinstance(caught.value, ModuleNotFoundError)
+    assert not bucketpool_vllm.installed()
+
+
+def test_vllm_without_the_module_says_so(build: Builder) -> None:
+    build.vllm("0.6.0")
+
+    with pytest.raises(ImportError, match=r"vLLM 0\.6\.0 has no EC CPU") as caught:
+        bucketpool_vllm.install()
+
+    assert f"{LEGACY}.worker.descriptor_buffers" in str(caught.value)
+
+
+def test_a_broken_vllm_import_is_not_disguised(
+    build: Builder, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    build.vllm()
+    worker = build.package(f"{LEGACY}.worker")
+    worker.__path__ = [str(tmp_path)]
+    (tmp_path / "descriptor_buffers.py").write_text("import bucketpool_missing_dependency\n")
+    monkeypatch.setattr(sys, "path_importer_cache", dict(sys.path_importer_cache))
+
+    with pytest.raises(ModuleNotFoundError) as caught:
+        bucketpool_vllm.install()
+
+    assert caught.value.name == "bucketpool_missing_dependency"
+    assert not bucketpool_vllm.installed()

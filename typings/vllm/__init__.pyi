@@ -1,0 +1,3 @@
+# Stub of the parts of vLLM that bucketpool reads; see typings/README.md.
+
+__version__: str
