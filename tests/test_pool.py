@@ -851,3 +851,46 @@ def test_threads_share_a_pool() -> None:
     stats = pool.stats()
     assert stats.active_requests == Stat(0, stats.active_requests.peak, 2000, 2000)
     assert stats.hits + stats.misses == 2000
+
+
+# -- handle recycling -------------------------------------------------------------------
+
+
+def test_a_handle_someone_holds_is_never_reused(pool: BucketPool) -> None:
+    kept = pool.acquire(5)
+    with kept:
+        pass
+    fresh = pool.acquire(5)
+    assert fresh is not kept
+    assert fresh.buffers.src_ptrs.data_ptr() == kept._block.views.src_ptrs.data_ptr()
+    with pytest.raises(ReleaseError):
+        kept.release()  # still the old, released handle: fresh is untouched
+    with pytest.raises(ReleaseError):
+        _ = kept.buffers
+    assert not fresh.released
+    fresh.release()
+
+
+def test_a_handle_only_the_with_statement_held_is_reused(pool: BucketPool) -> None:
+    with pool.acquire(5):
+        pass
+    (block,) = pool._blocks
+    spare = block.spare  # the released handle, kept for the next acquire of this buffer
+    assert spare is not None
+    assert spare.released
+    handle = pool.acquire(5)
+    assert handle is spare
+    assert not handle.released
+    assert block.spare is None
+    handle.release()
+    assert block.spare is None  # a handle released by hand is not kept
+
+
+def test_outstanding_handles_are_not_recycled(pool: BucketPool) -> None:
+    with pool.acquire(5) as bufs:
+        (live,) = pool.outstanding()
+        assert live.buffers is bufs
+    assert live.released
+    again = pool.acquire(5)
+    assert again is not live
+    again.release()
