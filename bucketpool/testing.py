@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 import ctypes
+import typing
 
 import numpy as np
 import torch
 
-__all__ = ["swap_blocks_batch"]
+if typing.TYPE_CHECKING:
+    from bucketpool._pool import BucketPool
+
+__all__ = ["assert_no_outstanding", "swap_blocks_batch"]
 
 _POINTER_DTYPES = (torch.int64, torch.uint64)
+
+
+def assert_no_outstanding(pool: BucketPool) -> None:
+    """Fail if *pool* has live handles, listing each with where it was acquired.
+
+    Use it at the end of a test (or in a fixture's teardown) to catch handles that were
+    never released.  Sites are known when the pool traces: make the pool with
+    ``debug="checks"`` or ``trace=True``, or set ``BUCKETPOOL_DEBUG=checks``.
+
+    Raises:
+        AssertionError: handles are still out; the message lists them.
+    """
+    handles = pool.outstanding()
+    if not handles:
+        return
+    lines = [f"{len(handles)} handle(s) still out of {pool!r}:"]
+    lines.extend(
+        f"  n={handle.n} (capacity {handle.capacity}) acquired at "
+        f"{handle.acquired_at or '<unknown: use debug=checks or trace=True to record sites>'}"
+        for handle in handles
+    )
+    raise AssertionError("\n".join(lines))
 
 
 def swap_blocks_batch(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: torch.Tensor) -> None:

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketpool.testing import swap_blocks_batch
+from bucketpool import BucketPool
+from bucketpool.testing import assert_no_outstanding, swap_blocks_batch
 
 Triple = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -193,3 +194,37 @@ def test_the_unchanged_batch_copies() -> None:
     (src, dst, sizes), a, b = make_batch()
     swap_blocks_batch(src, dst, sizes)
     assert torch.equal(a, b)
+
+
+# -- assert_no_outstanding --------------------------------------------------------------
+
+
+def test_assert_no_outstanding_passes_when_everything_is_back() -> None:
+    pool = BucketPool()
+    with pool.acquire(3):
+        pass
+    assert_no_outstanding(pool)
+
+
+def test_assert_no_outstanding_lists_what_is_out() -> None:
+    pool = BucketPool(debug="checks")
+    first = pool.acquire(3)
+    second = pool.acquire(300)
+    with pytest.raises(AssertionError) as caught:
+        assert_no_outstanding(pool)
+    message = str(caught.value)
+    assert message.startswith("2 handle(s) still out of BucketPool(")
+    assert "n=3 (capacity 16) acquired at " in message
+    assert "n=300 (capacity 512) acquired at " in message
+    assert message.count("test_testing.py:") == 2
+    first.release()
+    second.release()
+    assert_no_outstanding(pool)
+
+
+def test_assert_no_outstanding_says_how_to_get_sites() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(1)
+    with pytest.raises(AssertionError, match="use debug=checks or trace=True"):
+        assert_no_outstanding(pool)
+    handle.release()

@@ -17,6 +17,7 @@ import numpy.typing as npt
 import torch
 
 import bucketpool
+import bucketpool.testing
 import bucketpool.vllm
 from bucketpool import (
     BucketPool,
@@ -198,6 +199,13 @@ def check_vllm() -> None:
     assert_type(bucketpool.vllm.uninstall(), None)
     assert_type(bucketpool.vllm.installed(), bool)
     bucketpool.vllm.install(True)  # type: ignore[call-arg]
+
+
+def check_testing(pool: BucketPool, tensor: torch.Tensor) -> None:
+    assert_type(bucketpool.testing.assert_no_outstanding(pool), None)
+    assert_type(bucketpool.testing.swap_blocks_batch(tensor, tensor, tensor), None)
+    bucketpool.testing.assert_no_outstanding(DescriptorBufferPool())  # type: ignore[arg-type]
+    bucketpool.testing.swap_blocks_batch([1], [2], [3])  # type: ignore[arg-type]
 
 
 def check_errors(error: Exception) -> None:
