@@ -227,7 +227,7 @@ class BufferHandle:
         self._site: _Site = None
 
     def __del__(self) -> None:
-        if self._released:
+        if self._released or sys.is_finalizing():
             return
         try:
             warnings.warn(
@@ -332,7 +332,7 @@ class BufferHandle:
             finally:
                 lock.put(None)
         if pool._level:
-            pool._check_escapes(self, sys._getframe(1))
+            pool._check_escapes(self, sys._getframe(1), raising=exc_type is None)
         else:
             self.release()
 
@@ -1077,8 +1077,12 @@ class BucketPool:
             "kept, and the next acquire can proceed"
         )
 
-    def _check_escapes(self, handle: BufferHandle, frame: FrameType) -> None:
-        """Release *handle* at the end of its with block, then report escaped views."""
+    def _check_escapes(self, handle: BufferHandle, frame: FrameType, raising: bool) -> None:
+        """Release *handle* at the end of its with block, then report escaped views.
+
+        At ``strict`` this raises, unless the block is already raising (*raising* false):
+        then it warns, so that the block's own exception is not hidden.
+        """
         escaped = _escaped_views(handle._block, handle._n, frame)
         handle.release()
         if not escaped:
@@ -1088,7 +1092,7 @@ class BucketPool:
             f"referenced after its with block: {', '.join(escaped)}. The buffer is reused by "
             "later acquires; copy the data out (tensor.clone()) instead of keeping views"
         )
-        if self._level >= 2:
+        if self._level >= 2 and raising:
             raise EscapedViewError(message)
         warnings.warn(message, ResourceWarning, stacklevel=3)
 

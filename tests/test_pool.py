@@ -894,3 +894,18 @@ def test_outstanding_handles_are_not_recycled(pool: BucketPool) -> None:
     again = pool.acquire(5)
     assert again is not live
     again.release()
+
+
+def escape_then_raise(pool: BucketPool, kept: list[torch.Tensor]) -> None:
+    with pool.acquire(4) as bufs:
+        kept.append(bufs.sizes)
+        raise KeyError("mine")
+
+
+def test_escape_does_not_hide_the_blocks_own_exception() -> None:
+    pool = BucketPool(debug="strict")
+    kept: list[torch.Tensor] = []
+    with pytest.warns(ResourceWarning, match="still referenced"), pytest.raises(KeyError):
+        escape_then_raise(pool, kept)
+    assert pool.stats().active_requests.current == 0
+    kept.clear()
