@@ -41,7 +41,7 @@ def check_count(n: object, max_capacity: int = DEFAULT_MAX_CAPACITY) -> int:
             "pass len(...) of the copies or an int"
         ) from None
     if count < 0:
-        raise ValueError(f"n must be >= 0, got {count}")
+        raise ValueError(f"n must be >= 0, got {count}; pass the number of descriptors to copy")
     if count > max_capacity:
         raise ValueError(
             f"n={count} is above the pool's max_capacity={max_capacity}; split the step into "

@@ -69,14 +69,18 @@ def resolve_settings(
     ``BUCKETPOOL_CONF``, which wins over the built-in defaults.
 
     Raises:
-        ValueError: an unknown key or a bad value, from the environment or an argument.
+        ValueError: an unknown key or a bad value; the message says where it came from.
     """
-    merged: dict[str, object] = {}
-    merged.update(_parse_conf(environ.get(CONF_VARIABLE, "")))
+    merged: dict[str, tuple[object, str]] = {}  # key -> (value, where it came from)
+    for key, value in _parse_conf(environ.get(CONF_VARIABLE, "")).items():
+        merged[key] = (value, f"{CONF_VARIABLE} {key}={value!r}")
     level = environ.get(DEBUG_VARIABLE, "").strip()
     if level:
-        merged["debug"] = _parse_debug(level, f"{DEBUG_VARIABLE}={level!r}")
-    merged.update({key: value for key, value in explicit.items() if value is not None})
+        where = f"{DEBUG_VARIABLE}={level!r}"
+        merged["debug"] = (_parse_debug(level, where), where)
+    for key, value in explicit.items():
+        if value is not None:
+            merged[key] = (value, f"argument {key}={value!r}")
     return _validate(merged)
 
 
@@ -123,43 +127,39 @@ def _parse_debug(raw: str, where: str) -> DebugLevel:
     raise ValueError(f"{where}: unknown debug level; valid levels: {', '.join(DEBUG_LEVELS)}")
 
 
-def _validate(values: Mapping[str, object]) -> Settings:
-    settings = Settings()
-    for key in _INT_KEYS:
-        value = values.get(key, getattr(settings, key))
+def _validate(values: Mapping[str, tuple[object, str]]) -> Settings:
+    """Check each merged value; an error names the value and where it came from."""
+    defaults = Settings()
+    checked: dict[str, object] = {}
+    for key in _KEYS:
+        value, where = values.get(key, (getattr(defaults, key), "default"))
+        try:
+            checked[key] = _check(key, value)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+    if checked["min_capacity"] > checked["max_capacity"]:  # type: ignore[operator]
+        raise ValueError(
+            f"min_capacity={checked['min_capacity']} is above "
+            f"max_capacity={checked['max_capacity']}; make min_capacity <= max_capacity"
+        )
+    return Settings(**checked)  # type: ignore[arg-type]
+
+
+def _check(key: str, value: object) -> object:
+    if key in ("min_capacity", "max_capacity"):
+        return check_power_of_two(key, value)
+    if key in _INT_KEYS:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{key} must be an int, got {value!r}")
         if value < 0:
             raise ValueError(f"{key} must be >= 0, got {value}")
-    min_capacity = check_power_of_two(
-        "min_capacity", values.get("min_capacity", settings.min_capacity)
-    )
-    max_capacity = check_power_of_two(
-        "max_capacity", values.get("max_capacity", settings.max_capacity)
-    )
-    if min_capacity > max_capacity:
-        raise ValueError(
-            f"min_capacity={min_capacity} is above max_capacity={max_capacity}; "
-            "make min_capacity <= max_capacity"
-        )
-    debug = values.get("debug", settings.debug)
-    if debug not in DEBUG_LEVELS:
-        raise ValueError(f"unknown debug level {debug!r}; valid levels: {', '.join(DEBUG_LEVELS)}")
-    trace = values.get("trace", settings.trace)
-    if not isinstance(trace, bool):
-        raise ValueError(f"trace must be a bool, got {trace!r}")
-    return Settings(
-        min_capacity=min_capacity,
-        max_capacity=max_capacity,
-        max_cached_bytes=typing.cast(
-            "int", values.get("max_cached_bytes", settings.max_cached_bytes)
-        ),
-        max_cached_per_bucket=typing.cast(
-            "int", values.get("max_cached_per_bucket", settings.max_cached_per_bucket)
-        ),
-        idle_trim_acquires=typing.cast(
-            "int", values.get("idle_trim_acquires", settings.idle_trim_acquires)
-        ),
-        debug=debug,
-        trace=trace,
-    )
+        return value
+    if key == "debug":
+        if value not in DEBUG_LEVELS:
+            raise ValueError(
+                f"unknown debug level {value!r}; valid levels: {', '.join(DEBUG_LEVELS)}"
+            )
+        return value
+    if not isinstance(value, bool):
+        raise ValueError(f"trace must be a bool, got {value!r}")
+    return value

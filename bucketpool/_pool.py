@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import os
 import queue
 import sys
 import time
@@ -41,8 +42,7 @@ _FIELDS = 3
 #: Pointer fields of a cached buffer hold this pattern at debug level ``checks``.
 POISON = 0xDEADBEEF_DEADBEEF
 _POLL_SECONDS = 0.0005
-_CO_OPTIMIZED = 0x0001  # a function frame: its locals live in fast slots
-_PACKAGE_DIR = __file__.rsplit("/", 1)[0] + "/"
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 
 _new_handle = object.__new__
 
@@ -64,6 +64,24 @@ with _ExitProbe():
 #: sys.getrefcount(self) inside __exit__ when only the with statement holds the manager
 #: (3 on CPython 3.11: the bound __exit__, `self`, and getrefcount's argument).
 _WITH_EXIT_REFS = _ExitProbe.refs
+
+
+class _SpareProbe:
+    __slots__ = ("spare",)
+
+    spare: object
+
+
+def _spare_refs() -> int:
+    """sys.getrefcount of a slot's value read into a local, as `acquire` reads a spare."""
+    probe = _SpareProbe()
+    probe.spare = _SpareProbe()
+    spare = probe.spare
+    return sys.getrefcount(spare)
+
+
+#: 3 on CPython 3.11: the block's spare slot, the local, and getrefcount's argument.
+_SPARE_REFS = _spare_refs()
 _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 
 
@@ -148,7 +166,6 @@ class _Block:
         "arrays_n",
         "bucket",
         "checksum",
-        "pinned",
         "released_at",
         "spare",
         "tensors",
@@ -157,10 +174,9 @@ class _Block:
         "views",
     )
 
-    def __init__(self, bucket: _Bucket, tensors: tuple[torch.Tensor, ...], pinned: bool) -> None:
+    def __init__(self, bucket: _Bucket, tensors: tuple[torch.Tensor, ...]) -> None:
         self.bucket = bucket
         self.tensors = tensors
-        self.pinned = pinned
         arrays = tuple(t.numpy() for t in tensors)
         self.arrays: _fill.DescriptorArrays = (arrays[0], arrays[1], arrays[2])
         # One view per field for the buffer's whole life, resized in place to each n: a
@@ -213,21 +229,24 @@ class BufferHandle:
     another thread to release it is fine.
     """
 
-    # A plain __slots__ class, not attrs: one is made per acquire, and its __init__ and
-    # __del__ are on the hot path that the benchmark measures.
+    # A plain __slots__ class, not attrs: handles are made on the hot path (by
+    # `BucketPool.acquire`, without calling __init__) and their __del__ runs there too.
     # No __weakref__: a weak reference would survive the recycling described in `__exit__`.
     __slots__ = ("_block", "_events", "_n", "_pool", "_released", "_site")
 
-    def __init__(self, pool: BucketPool, block: _Block, n: int) -> None:
-        self._pool = pool
-        self._block = block
-        self._n = n
-        self._released = False
-        self._events: list[CompletionEvent] | None = None
-        self._site: _Site = None
+    _pool: BucketPool
+    _block: _Block
+    _n: int
+    _released: bool
+    _events: list[CompletionEvent] | None
+    _site: _Site
+
+    def __init__(self) -> None:
+        """Refuse: handles come from `BucketPool.acquire`."""
+        raise TypeError("a BufferHandle comes from BucketPool.acquire(n); do not build one")
 
     def __del__(self) -> None:
-        if self._released or sys.is_finalizing():
+        if getattr(self, "_released", True) or sys.is_finalizing():
             return
         try:
             warnings.warn(
@@ -331,6 +350,12 @@ class BufferHandle:
                         return
             finally:
                 lock.put(None)
+        if self._released and exc is not None:
+            # Released inside a block that is raising anyway: keep the block's exception.
+            add_note = getattr(exc, "add_note", None)  # Python 3.11+
+            if add_note is not None:
+                add_note(f"bucketpool: {self._released_error('end of with block')}")
+            return
         if pool._level:
             pool._check_escapes(self, sys._getframe(1), raising=exc_type is None)
         else:
@@ -402,12 +427,20 @@ class BufferHandle:
                 f"record_event needs an object with a query() -> bool method "
                 f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
             )
+        pool = self._pool
+        block = self._block
+        if pool._level and block.checksum is not None and self._events:
+            # Descriptors may change between copies, but not while an earlier one is in
+            # flight: check the last checksum before this record replaces it.
+            self._events = [earlier for earlier in self._events if not earlier.query()]
+            if self._events and block.checksum != _checksum(block, self._n):
+                pool._deferred.append(self._in_flight_error())
         if self._events is None:
             self._events = [event]
         else:
             self._events.append(event)
-        if self._pool._level:
-            self._block.checksum = _checksum(self._block, self._n)
+        if pool._level:
+            block.checksum = _checksum(block, self._n)
 
     def add_copies(
         self,
@@ -472,6 +505,16 @@ class BufferHandle:
         state = "released" if self._released else "live"
         where = "" if self._site is None else f" acquired at {_format_site(self._site)}"
         return f"<BufferHandle n={self._n} capacity={self.capacity} {state}{where}>"
+
+    def _in_flight_error(self) -> InFlightWriteError:
+        block = self._block
+        released_at = block.released_at if self._released else None
+        return InFlightWriteError(
+            f"descriptors of {_describe(self._n, self._site, released_at)} changed between "
+            "record_event() and the completion of its events: a copy in flight may have read "
+            "the new values. Fill descriptors only before recording the event, or acquire "
+            "another handle"
+        )
 
     def _released_error(self, what: str) -> ReleaseError:
         block = self._block
@@ -671,7 +714,7 @@ class BucketPool:
             self._tick = tick = self._tick + 1
             bucket.last_tick = tick
             free = bucket.free
-            if free or (bucket.parked and self._retire_done(bucket)):
+            if free or (bucket.parked and self._retire_ready(bucket) and free):
                 block = free.pop()
                 if self._level:
                     self._check_poison(block, free)
@@ -694,13 +737,16 @@ class BucketPool:
         if block is None:
             block = self._allocate_active(bucket, n)
         handle = block.spare
-        if handle is None:
+        if handle is not None and sys.getrefcount(handle) == _SPARE_REFS:
+            # Only the spare slot holds it (the check in __exit__ cannot tell the with
+            # statement's reference from a caller's): nobody can observe the reuse.
+            block.spare = None
+        else:
+            block.spare = None
             # Built without calling __init__: that Python call costs ~60 ns here.
             handle = _new_handle(BufferHandle)
             handle._pool = self
             handle._block = block
-        else:
-            block.spare = None
         handle._n = n
         handle._released = False
         handle._events = None
@@ -920,7 +966,7 @@ class BucketPool:
             torch.empty(bucket.capacity, dtype=self.dtype, pin_memory=self.pin_memory)
             for _ in range(_FIELDS)
         )
-        return _Block(bucket, tensors, self.pin_memory)
+        return _Block(bucket, tensors)
 
     def _allocate_active(self, bucket: _Bucket, n: int) -> _Block:
         """The miss path of `acquire`: allocate, then count the miss and the new buffer."""
@@ -951,15 +997,7 @@ class BucketPool:
         """(lock held) A released handle's events are done: verify, then cache its buffer."""
         block = handle._block
         if block.checksum is not None and block.checksum != _checksum(block, handle._n):
-            self._deferred.append(
-                InFlightWriteError(
-                    f"descriptors of {_describe(handle._n, handle._site, block.released_at)} "
-                    "changed between "
-                    "record_event() and the completion of its events: a copy in flight may "
-                    "have read the new values. Fill descriptors only before recording the "
-                    "event, or acquire another handle"
-                )
-            )
+            self._deferred.append(handle._in_flight_error())
         handle._events = None
         block.checksum = None
         self._cache(block)
@@ -976,7 +1014,7 @@ class BucketPool:
             bucket.free.append(block)
             self._cached_bytes += bucket.nbytes
             return
-        if len(bucket.free) < self.max_cached_per_bucket:
+        if len(bucket.free) < self.max_cached_per_bucket and bucket.nbytes <= self.max_cached_bytes:
             # Over the byte cap: make room from the least recently used other buckets.
             self._trim_to(self.max_cached_bytes - bucket.nbytes, keep=bucket)
             if self._cached_bytes + bucket.nbytes <= self.max_cached_bytes:
@@ -1029,11 +1067,6 @@ class BucketPool:
             for handle in ready:
                 self._retire(handle)
         return len(ready)
-
-    def _retire_done(self, bucket: _Bucket) -> bool:
-        """(lock held) The acquire path's look at parked buffers: is one free now?"""
-        self._retire_ready(bucket)
-        return bool(bucket.free)
 
     def _adopt_orphans(self) -> None:
         """Release the handles that were garbage-collected unreleased."""
@@ -1089,8 +1122,9 @@ class BucketPool:
             return
         message = (
             f"views of {_describe(handle._n, handle._site, None)} are still "
-            f"referenced after its with block: {', '.join(escaped)}. The buffer is reused by "
-            "later acquires; copy the data out (tensor.clone()) instead of keeping views"
+            f"referenced after its with block: {', '.join(escaped)} (or a view kept from an "
+            "earlier handle of the same buffer). The buffer is reused by later acquires; "
+            "copy the data out (tensor.clone()) instead of keeping views"
         )
         if self._level >= 2 and raising:
             raise EscapedViewError(message)
@@ -1155,45 +1189,69 @@ def _poisoned(block: _Block) -> bool:
     )
 
 
-def _frame_refs(frame: FrameType, obj: object) -> int:
-    """References to *obj* held by *frame*'s locals (and the snapshot dict f_locals made)."""
-    namespace = frame.f_locals
-    hits = sum(1 for value in namespace.values() if value is obj)
-    fast = frame.f_code.co_flags & _CO_OPTIMIZED and sys.version_info < (3, 13)
-    return 2 * hits if fast else hits
-
-
-def _extra_refs(obj: object, owned: int, frame: FrameType) -> int:
-    """References to *obj* beyond the pool's *owned* ones and *frame*'s locals."""
-    # First, as reading f_locals may add the snapshot dict's references.
-    in_frame = _frame_refs(frame, obj)
-    # getrefcount sees: the others, the pool's, this parameter and its own argument.
-    return sys.getrefcount(obj) - owned - 2 - in_frame
-
-
 def _escaped_views(block: _Block, n: int, frame: FrameType) -> list[str]:
-    """Name the views of *block* that something besides the pool and *frame* holds.
+    """Name the views of *block* that something other than the running code holds.
 
-    Deterministic thanks to reference counting: a view stored in a list, an attribute, a
-    closure, or a tensor or array derived from a view, all count.
+    The running code is *frame* and its callers: their local variables (and a module's
+    globals) are how views are used inside a with block.  Anything else that refers to a
+    view -- a list, an object, a closure cell, a suspended generator, a tensor sliced from a
+    view and kept -- outlives the block.  Found through the garbage collector's referrers
+    and PyTorch's storage use counts: exact, and slow, which is why only debug levels do it.
     """
     views = block.views
-    alias = 0 if block.alias is None else 1
-    escaped = []
-    if _extra_refs(views, 2, frame) > 0:  # the block's slot and `views` here
-        escaped.append("the DescriptorBuffers tuple")
-    for i, name in enumerate(DescriptorBuffers._fields):
-        if _extra_refs(views[i], 1 + alias, frame) > 0:
-            escaped.append(name)
-        elif block.arrays_n == n and _extra_refs(block.view_arrays[i], 1 + alias, frame) > 0:
-            escaped.append(f"the numpy array of {name}")
-        elif (
-            _storage_use_count is not None
-            # the full tensor, its numpy array, the view, and the storage object made here
-            and _storage_use_count(views[i].untyped_storage()._cdata) > 4
+    arrays = block.view_arrays if block.arrays_n == n else ()
+    names = {id(views): "the DescriptorBuffers tuple"}
+    for name, view in zip(DescriptorBuffers._fields, views, strict=True):
+        names[id(view)] = name
+    for name, array in zip(DescriptorBuffers._fields, arrays, strict=False):  # () if not cut
+        names[id(array)] = f"the numpy array of {name}"
+    running: list[FrameType] = []
+    caller: FrameType | None = frame
+    while caller is not None:
+        running.append(caller)
+        caller = caller.f_back
+    namespaces = [caller.f_locals for caller in running] + [caller.f_globals for caller in running]
+    ignored = {id(block), id(views), id(block.view_arrays), id(block.alias)}
+    ignored.update(id(caller) for caller in running)
+    ignored.update(id(namespace) for namespace in namespaces)
+    targets = (views, *views, *arrays)
+    escaped: list[str] = []
+    for referrer in gc.get_referrers(*targets):
+        if id(referrer) in ignored or (
+            # the argument tuple of the get_referrers call itself
+            type(referrer) is tuple
+            and len(referrer) == len(targets)
+            and all(a is b for a, b in zip(referrer, targets, strict=True))
         ):
-            escaped.append(f"a tensor derived from {name}")
+            continue
+        for referent in gc.get_referents(referrer):
+            held = names.get(id(referent))
+            if held is not None and held not in escaped:
+                escaped.append(held)
+    if _storage_use_count is not None:
+        for i, name in enumerate(DescriptorBuffers._fields):
+            storage = views[i].untyped_storage()
+            # The full tensor, its numpy array, the view, `storage` here, and tensors that
+            # the running code holds in variables.
+            expected = 4 + _tensors_sharing(namespaces, views[i])
+            if _storage_use_count(storage._cdata) > expected:
+                escaped.append(f"a tensor derived from {name}")
     return escaped
+
+
+def _tensors_sharing(namespaces: list[dict[str, object]], view: torch.Tensor) -> int:
+    """Count the tensors other than *view* in *namespaces* that share *view*'s storage."""
+    # A function of its own: a generator expression in `_escaped_views` would keep the
+    # views in closure cells, which the garbage collector reports as referrers.
+    data = view.untyped_storage().data_ptr()
+    return sum(
+        1
+        for namespace in namespaces
+        for value in list(namespace.values())
+        if isinstance(value, torch.Tensor)
+        and value is not view
+        and value.untyped_storage().data_ptr() == data
+    )
 
 
 def _format_site(site: _Site) -> str:

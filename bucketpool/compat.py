@@ -134,8 +134,11 @@ class DescriptorBufferPool(_Adapter[DescriptorBuffers]):
     """The original three-field pool's API, backed by a `BucketPool`.
 
     ``acquire(n)`` returns `DescriptorBuffers` whose tensors have exactly *n* entries (so
-    callers' ``[:n]`` slices keep working and cost a little less); ``release(bufs)`` takes
-    them back.  Thread-safe.
+    callers' ``[:n]`` slices keep working); ``release(bufs)`` takes them back.  Thread-safe.
+
+    The adapter keeps every triple it hands out until it is released: the original API has
+    no handle, so a triple dropped without release cannot be told from one still in use and
+    is not reported as a leak.  ``pool.outstanding()`` lists what is out.
 
     Args:
         dtype: `torch.int64` (default) or `torch.uint64` (vLLM's XPU pointer dtype).

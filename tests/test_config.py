@@ -141,3 +141,10 @@ def test_explicit_argument_beats_environment_in_a_fresh_process() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["5", "off"]
+
+
+def test_errors_say_where_the_value_came_from() -> None:
+    with pytest.raises(ValueError, match=r"^BUCKETPOOL_CONF max_cached_bytes=-5: .* got -5$"):
+        resolve_settings({}, environ={"BUCKETPOOL_CONF": "max_cached_bytes=-5"})
+    with pytest.raises(ValueError, match=r"^argument min_capacity=3: min_capacity must be a power"):
+        resolve_settings({"min_capacity": 3}, environ={})

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from bucketpool import (
     ReleaseError,
     Stat,
     UseAfterReleaseError,
+    _pool,
 )
 from bucketpool._pool import POISON
 
@@ -224,7 +227,7 @@ def test_views_after_release_raise(pool: BucketPool, attribute: str) -> None:
         handle.add_copies(0, [1], [2], 3)
 
 
-def test_handles_are_not_made_by_hand() -> None:
+def test_repr_of_a_released_handle() -> None:
     handle = BucketPool().acquire(1)
     assert isinstance(handle, BufferHandle)
     handle.release()
@@ -871,19 +874,27 @@ def test_a_handle_someone_holds_is_never_reused(pool: BucketPool) -> None:
     fresh.release()
 
 
-def test_a_handle_only_the_with_statement_held_is_reused(pool: BucketPool) -> None:
+def test_a_handle_only_the_with_statement_held_is_reused(
+    pool: BucketPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[type] = []
+    real = _pool._new_handle
+
+    def counting(cls: type[BufferHandle]) -> BufferHandle:
+        made.append(cls)
+        return real(cls)
+
+    monkeypatch.setattr(_pool, "_new_handle", counting)
+    for _ in range(3):
+        with pool.acquire(5):
+            pass
+    assert len(made) == 1  # made once, then reused by each later acquire of the buffer
+    handle = pool.acquire(5)  # the kept handle again
+    handle.release()  # released by hand: not kept, since `handle` still refers to it
     with pool.acquire(5):
         pass
-    (block,) = pool._blocks
-    spare = block.spare  # the released handle, kept for the next acquire of this buffer
-    assert spare is not None
-    assert spare.released
-    handle = pool.acquire(5)
-    assert handle is spare
-    assert not handle.released
-    assert block.spare is None
-    handle.release()
-    assert block.spare is None  # a handle released by hand is not kept
+    assert len(made) == 2
+    assert handle.released
 
 
 def test_outstanding_handles_are_not_recycled(pool: BucketPool) -> None:
@@ -909,3 +920,109 @@ def test_escape_does_not_hide_the_blocks_own_exception() -> None:
         escape_then_raise(pool, kept)
     assert pool.stats().active_requests.current == 0
     kept.clear()
+
+
+def test_a_handle_whose_exit_is_called_by_hand_is_not_reused(pool: BucketPool) -> None:
+    held = pool.acquire(5)
+    held.__enter__()
+    held.__exit__(None, None, None)  # as a fixture or a hand-written manager would
+    other = pool.acquire(5)
+    assert other is not held
+    with pytest.raises(ReleaseError):
+        held.release()
+    assert not other.released
+    other.release()
+    assert pool.stats().active_requests.current == 0
+
+
+def release_inside_then_raise(pool: BucketPool) -> None:
+    handle = pool.acquire(3)
+    with handle:
+        handle.release()
+        raise KeyError("mine")
+
+
+def test_release_inside_a_raising_block_keeps_the_blocks_exception(pool: BucketPool) -> None:
+    with pytest.raises(KeyError, match="mine") as caught:
+        release_inside_then_raise(pool)
+    if sys.version_info >= (3, 11):  # exception notes are new in 3.11
+        notes: list[str] = getattr(caught.value, "__notes__", [])
+        assert any("already released" in note for note in notes)
+    assert pool.stats().cached_bytes == TRIPLE_16
+
+
+def test_handles_cannot_be_built_by_hand() -> None:
+    with pytest.raises(TypeError, match=r"comes from BucketPool.acquire\(n\)"):
+        BufferHandle()
+
+
+def test_a_buffer_above_the_byte_cap_does_not_flush_the_cache() -> None:
+    pool = BucketPool(max_cached_bytes=64 * KIB, idle_trim_acquires=0)
+    for n in (16, 32, 64):
+        with pool.acquire(n):
+            pass
+    cached = pool.stats().cached_bytes
+    with pool.acquire(4096):  # 96 KiB: can never be cached
+        pass
+    assert pool.stats().cached_bytes == cached
+    assert pool.stats().allocations.current == 3
+
+
+def test_rewrite_between_two_recorded_events_is_caught() -> None:
+    pool = BucketPool(debug="checks")
+    first, second = FlagEvent(), FlagEvent()
+    handle = pool.acquire(8)
+    handle.buffers.sizes.fill_(64)
+    handle.record_event(first)
+    handle.add_copies(0, [16], [32], 8)  # while the first copy may still read it
+    handle.record_event(second)  # finds the change; the next pool call reports it
+    with pytest.raises(InFlightWriteError, match="changed between record_event"):
+        handle.release()
+    assert handle.released  # the release took effect: parked on the second event
+    assert pool.stats().parked == 1
+    first.done = second.done = True
+    assert pool.collect() == 1
+
+
+def test_refilling_after_the_first_copy_finished_is_fine() -> None:
+    pool = BucketPool(debug="checks")
+    first, second = FlagEvent(), FlagEvent()
+    handle = pool.acquire(8)
+    handle.record_event(first)
+    first.done = True
+    handle.add_copies(0, [16], [32], 8)  # the first copy is done: a new step may refill
+    handle.record_event(second)
+    handle.release()
+    second.done = True
+    assert pool.collect() == 1
+
+
+@contextlib.contextmanager
+def descriptors(pool: BucketPool, n: int) -> Iterator[DescriptorBuffers]:
+    with pool.acquire(n) as bufs:
+        yield bufs
+
+
+def test_wrapped_and_stacked_acquires_are_not_escapes() -> None:
+    pool = BucketPool(debug="strict")
+    with descriptors(pool, 8) as bufs:
+        bufs.sizes.fill_(1)
+    with contextlib.ExitStack() as stack:
+        src, _dst, _sizes = stack.enter_context(pool.acquire(8))
+        src.fill_(2)
+    with pool.acquire(8) as bufs:
+        first_four = bufs.src_ptrs[:4]  # a local slice, as vLLM's worker writes
+        first_four.fill_(3)
+    del first_four
+    assert pool.stats().active_requests.current == 0
+
+
+def test_a_closure_over_a_view_is_an_escape() -> None:
+    pool = BucketPool(debug="strict")
+    with pytest.raises(EscapedViewError, match="src_ptrs"):
+        keep_closure(pool)
+
+
+def keep_closure(pool: BucketPool) -> Callable[[], torch.Tensor]:
+    with pool.acquire(4) as (src, _dst, _sizes):
+        return lambda: src
