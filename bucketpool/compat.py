@@ -71,7 +71,7 @@ class _Adapter(typing.Generic[_Buffers]):
 
     def __init__(self, dtype: torch.dtype) -> None:
         self._pool = BucketPool(dtype=dtype)
-        # id(tuple) -> handle; the tuple stays alive (cached by its buffer) while out.
+        # id(tuple) -> (tuple, handle); holding the tuple keeps its id unique while out.
         self._out: dict[int, tuple[_Buffers, BufferHandle]] = {}
 
     @property
@@ -124,6 +124,10 @@ class _Adapter(typing.Generic[_Buffers]):
         if event is not None:
             handle.record_event(event)
         handle.release()
+        # Nobody outside this adapter ever sees its handles: keep the released one on its
+        # buffer for the next acquire, as a with block does (acquire re-checks that nothing
+        # else refers to it).  Saves finalising and freeing a handle per step.
+        handle._block.spare = handle
 
     def _wrap(self, handle: BufferHandle) -> _Buffers:
         raise NotImplementedError
