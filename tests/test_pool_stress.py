@@ -1,0 +1,1164 @@
+"""Stateful, multithreaded and event-driven stress tests of `BucketPool`'s buffer lifecycle."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import queue
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, TypeAlias
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from bucketpool import (
+    BucketPool,
+    BucketStats,
+    BufferHandle,
+    DescriptorBuffers,
+    PoolStats,
+    ReleaseError,
+    Stat,
+)
+
+DebugLevel: TypeAlias = Literal["off", "checks", "strict"]
+DEBUG_LEVELS: tuple[DebugLevel, ...] = ("off", "checks", "strict")
+U64Array: TypeAlias = npt.NDArray[np.uint64]
+Pattern: TypeAlias = tuple[U64Array, U64Array, U64Array]
+
+ENTRY_BYTES = 8
+FIELDS = 3
+MAX_N = 1 << 10
+_INDEX = np.arange(MAX_N + 1, dtype=np.uint64)
+_keys = itertools.count(1)
+
+
+# -- canaries ------------------------------------------------------------------------------
+
+
+def make_pattern(key: int, n: int) -> Pattern:
+    """Return the canary of handle *key*: every entry of every field names the handle.
+
+    The source pointers have the top bit set, so that an int64 pool stores them as their
+    uint64 bit pattern, as it does for real device addresses.
+    """
+    assert 0 <= key < 1 << 32
+    idx = _INDEX[:n]
+    src = np.uint64((0xA5 << 56) | (key << 24)) + idx
+    dst = ~src
+    sizes = idx * np.uint64(8) + np.uint64(key & 0xFFFF)
+    return src, dst, sizes
+
+
+def write_pattern(arrays: Sequence[npt.NDArray[Any]], pattern: Pattern) -> None:
+    for array, values in zip(arrays, pattern, strict=True):
+        array.view(np.uint64)[:] = values
+
+
+def has_pattern(arrays: Sequence[npt.NDArray[Any]], pattern: Pattern) -> bool:
+    return all(
+        np.array_equal(array.view(np.uint64), values)
+        for array, values in zip(arrays, pattern, strict=True)
+    )
+
+
+def field_addresses(arrays: Sequence[npt.NDArray[Any]]) -> tuple[int, int, int]:
+    """Base addresses of the three fields (numpy keeps them for n == 0, torch reports 0)."""
+    src, dst, sizes = (int(array.ctypes.data) for array in arrays)
+    return src, dst, sizes
+
+
+# -- events the tests control ---------------------------------------------------------------
+
+
+class FlipEvent:
+    """A completion event whose ``query()`` reports what the test last set."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+class WaitableFlipEvent(FlipEvent):
+    """A `FlipEvent` whose ``synchronize()`` completes it, as a device wait would."""
+
+    __slots__ = ()
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+class NoQuery:
+    """Not an event: ``query`` is missing."""
+
+
+# -- stats helpers ---------------------------------------------------------------------------
+
+
+def bucket_map(stats: PoolStats) -> dict[int, BucketStats]:
+    return {bucket.capacity: bucket for bucket in stats.buckets}
+
+
+def check_stats_consistent(stats: PoolStats, *, max_cached_bytes: int, per_bucket: int) -> None:
+    """Invariants any snapshot satisfies, whatever happened before."""
+    stats_fields: Iterable[Stat] = (
+        stats.allocations,
+        stats.allocated_bytes,
+        stats.active_requests,
+        stats.active_bytes,
+    )
+    for stat in stats_fields:
+        assert min(stat.current, stat.peak, stat.allocated, stat.freed) >= 0, stat
+        assert stat.allocated - stat.freed == stat.current, stat
+        assert stat.peak >= stat.current, stat
+    assert min(stats.cached_bytes, stats.parked_bytes, stats.parked, stats.hits) >= 0
+    assert min(stats.misses, stats.requested_entries, stats.rounded_entries) >= 0
+    capacities = [bucket.capacity for bucket in stats.buckets]
+    assert capacities == sorted(set(capacities))
+    for bucket in stats.buckets:
+        assert min(bucket.hits, bucket.misses, bucket.cached, bucket.active, bucket.parked) >= 0
+        assert bucket.cached <= per_bucket, bucket
+    nbytes = {bucket.capacity: bucket.capacity * ENTRY_BYTES * FIELDS for bucket in stats.buckets}
+    b = stats.buckets
+    assert stats.allocations.current == sum(x.active + x.cached + x.parked for x in b)
+    assert stats.allocated_bytes.current == sum(
+        (x.active + x.cached + x.parked) * nbytes[x.capacity] for x in b
+    )
+    assert stats.active_requests.current == sum(x.active for x in b)
+    assert stats.active_bytes.current == sum(x.active * nbytes[x.capacity] for x in b)
+    assert stats.cached_bytes == sum(x.cached * nbytes[x.capacity] for x in b)
+    assert stats.cached_bytes <= max_cached_bytes
+    assert stats.parked == sum(x.parked for x in b)
+    assert stats.parked_bytes == sum(x.parked * nbytes[x.capacity] for x in b)
+    assert stats.hits == sum(x.hits for x in b)
+    assert stats.misses == sum(x.misses for x in b)
+    assert stats.active_requests.allocated == stats.hits + stats.misses
+    assert stats.rounded_entries == sum((x.hits + x.misses) * x.capacity for x in b)
+    assert stats.rounded_entries >= stats.requested_entries
+    # Every allocation is a miss or a reservation, never fewer than the misses.
+    assert stats.allocations.allocated >= stats.misses
+    assert str(stats)
+
+
+# -- 1. the stateful model -------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class Tracked:
+    """What the model knows about one handle of the pool under test."""
+
+    handle: BufferHandle = attrs.field(repr=False)
+    key: int
+    n: int
+    capacity: int
+    # Captured at acquire: kept after release so that a parked buffer can be re-checked.
+    arrays: tuple[npt.NDArray[Any], ...] = attrs.field(repr=False)
+    pattern: Pattern = attrs.field(repr=False)
+    addresses: tuple[int, int, int]
+    events: list[FlipEvent] = attrs.field(factory=list, repr=False)
+
+    @property
+    def pending(self) -> bool:
+        return not all(event.done for event in self.events)
+
+    def intervals(self) -> list[tuple[int, int]]:
+        size = self.capacity * ENTRY_BYTES
+        return [(address, address + size) for address in self.addresses]
+
+
+BAD_COUNTS: list[object] = [
+    -1,
+    -(1 << 70),
+    1 << 70,
+    True,
+    False,
+    1.0,
+    2.5,
+    "4",
+    None,
+    b"1",
+    [3],
+    np.float64(2),
+]
+
+
+def _boundary_counts(max_n: int) -> list[int]:
+    values = {0, 1, 2, 3}
+    for k in range(1, max_n.bit_length()):
+        values.update({(1 << k) - 1, 1 << k, (1 << k) + 1})
+    return sorted(v for v in values if v <= max_n)
+
+
+def count_strategy(max_n: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from(_boundary_counts(max_n)), st.integers(0, max_n))
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Drives one pool through random lifecycles and checks it against a model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: list[Tracked] = []
+        self.pending: list[Tracked] = []  # released with an event not yet done: parked
+        self.done: list[Tracked] = []  # parked, events done, maybe not retired yet
+        self.released: list[BufferHandle] = []
+        self.checked_exits = 0
+        self.known: set[int] = set()  # ids of every handle referenced here (all kept alive)
+        self.tick = 0  # successful acquires of the pool under test
+        self.acquires = 0
+        self.reserved = 0
+        self.requested = 0
+        self.rounded = 0
+        self.active_peak = 0
+        self.last_acquire: dict[int, int] = {}
+        self.last_added: dict[int, int] = {}
+        # Each bucket's idle buffers, most recently cached last: a source-field address,
+        # or None where the order is not known (buffers retired from parking).
+        self.free: dict[int, list[int | None]] = {}
+
+    # -- set-up ------------------------------------------------------------------------
+
+    @initialize(
+        # The first value of each is the simplest set-up, which shrinking goes to.
+        min_capacity=st.sampled_from([4, 1, 16]),
+        max_capacity=st.sampled_from([1024, 64]),
+        max_cached_bytes=st.sampled_from([200_000, 30_000, 3_000, 400, 0]),
+        per_bucket=st.sampled_from([2, 1, 0, 4, 32]),
+        idle=st.sampled_from([0, 8, 3, 1, 1024]),
+        debug=st.sampled_from(DEBUG_LEVELS),
+        dtype=st.sampled_from([torch.int64, torch.uint64]),
+    )
+    def make_pool(
+        self,
+        min_capacity: int,
+        max_capacity: int,
+        max_cached_bytes: int,
+        per_bucket: int,
+        idle: int,
+        debug: DebugLevel,
+        dtype: torch.dtype,
+    ) -> None:
+        self.pool = BucketPool(
+            dtype=dtype,
+            min_capacity=min_capacity,
+            max_capacity=max_capacity,
+            max_cached_bytes=max_cached_bytes,
+            max_cached_per_bucket=per_bucket,
+            idle_trim_acquires=idle,
+            debug=debug,
+            trace=False,
+        )
+        self.other = BucketPool(min_capacity=4, max_capacity=1024, idle_trim_acquires=0)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def capacity_of(self, n: int) -> int:
+        floor = self.pool.min_capacity
+        return floor if n <= floor else 1 << (n - 1).bit_length()
+
+    def nbytes(self, capacity: int) -> int:
+        return capacity * ENTRY_BYTES * FIELDS
+
+    def count_acquire(self, n: int, capacity: int) -> None:
+        self.tick += 1
+        self.acquires += 1
+        self.requested += n
+        self.rounded += capacity
+        self.last_acquire[capacity] = self.tick
+
+    def settle_done(self) -> None:
+        """Move parked-and-done handles whose buffers certainly retired out of `done`."""
+        buckets = bucket_map(self.pool.stats())
+        still: list[Tracked] = []
+        for tracked in self.done:
+            bucket = buckets.get(tracked.capacity)
+            parked = 0 if bucket is None else bucket.parked
+            pending = sum(1 for t in self.pending if t.capacity == tracked.capacity)
+            if parked > pending:
+                still.append(tracked)
+            else:
+                self.released.append(tracked.handle)
+        self.done = still
+
+    def refresh_pending(self) -> None:
+        for tracked in [t for t in self.pending if not t.pending]:
+            self.pending.remove(tracked)
+            # Its buffer may be handed out again: hold no views of it from here on.
+            tracked.arrays = ()
+            self.done.append(tracked)
+
+    def take_top(self, capacity: int, old_cached: int, address: int) -> None:
+        """Check that an acquire reused the most recently cached buffer of its bucket."""
+        stack = self.free.setdefault(capacity, [])
+        assert len(stack) == old_cached
+        if stack:
+            top = stack.pop()
+            assert top is None or address == top, "the last buffer cached was not reused first"
+        if self.done:
+            # The acquire may have retired parked buffers, reordering idle lists.
+            self.forget_free_order()
+
+    def take_top_unknown(self, capacity: int, old_cached: int) -> None:
+        stack = self.free.setdefault(capacity, [])
+        assert len(stack) == old_cached
+        if stack:
+            stack.pop()
+        if self.done:
+            self.forget_free_order()
+
+    def forget_free_order(self) -> None:
+        for stack in self.free.values():
+            stack[:] = [None] * len(stack)
+
+    def reconcile_free(self, buckets: dict[int, BucketStats]) -> None:
+        """Follow what a step did to idle lists: trims take the oldest, retirements add."""
+        for capacity in set(self.free) | set(buckets):
+            stack = self.free.setdefault(capacity, [])
+            cached = buckets[capacity].cached if capacity in buckets else 0
+            if cached < len(stack):
+                del stack[: len(stack) - cached]
+            else:
+                stack.extend([None] * (cached - len(stack)))
+
+    def expect_unchanged(self, before: PoolStats) -> None:
+        assert self.pool.stats() == before
+
+    # -- acquire -----------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def acquire(self, data: st.DataObject) -> None:
+        self.do_acquire(data, as_numpy=data.draw(st.booleans(), label="as_numpy"))
+
+    @rule(data=st.data())
+    def acquire_another(self, data: st.DataObject) -> None:
+        # A second rule doubles how often acquires are drawn against the cheaper rules.
+        self.do_acquire(data, as_numpy=False)
+
+    def do_acquire(self, data: st.DataObject, as_numpy: bool) -> None:
+        n = data.draw(count_strategy(self.pool.max_capacity), label="n")
+        capacity = self.capacity_of(n)
+        before = bucket_map(self.pool.stats()).get(capacity)
+        handle = self.pool.acquire(np.int64(n) if as_numpy else n)
+        assert type(handle.n) is int
+        assert handle.n == n
+        assert not handle.released
+        assert handle.capacity == capacity == self.pool.bucket_capacity(n)
+        # A handle object the test still references is never handed out again.
+        assert id(handle) not in self.known
+        self.known.add(id(handle))
+        views = handle.buffers
+        arrays = handle.arrays
+        for view, array in zip(views, arrays, strict=True):
+            assert view.shape == (n,)
+            assert view.dtype == self.pool.dtype
+            assert view.device.type == "cpu"
+            assert view.is_contiguous()
+            assert array.shape == (n,)
+            if n:
+                assert view.data_ptr() == array.ctypes.data
+        addresses = field_addresses(arrays)
+        # A buffer parked behind a pending event is never handed out.
+        assert addresses[0] not in {t.addresses[0] for t in self.pending}, "parked buffer reused"
+        assert len(set(addresses)) == FIELDS
+        if self.pool.debug == "off":
+            assert handle.acquired_at is None
+        else:
+            assert handle.acquired_at is not None
+            assert __file__.rsplit("/", 1)[-1] in handle.acquired_at
+        after = bucket_map(self.pool.stats())[capacity]
+        old_hits, old_misses = (0, 0) if before is None else (before.hits, before.misses)
+        old_cached, old_parked = (0, 0) if before is None else (before.cached, before.parked)
+        hit = after.hits == old_hits + 1
+        assert (after.hits, after.misses) == (
+            (old_hits + 1, old_misses) if hit else (old_hits, old_misses + 1)
+        )
+        if old_cached:
+            assert hit, "a cached buffer was there, yet the pool allocated"
+        self.take_top(capacity, old_cached, addresses[0])
+        if hit and not old_cached:
+            # Served by retiring a parked buffer: it must be one whose events are done.
+            assert old_parked > sum(1 for t in self.pending if t.capacity == capacity)
+            assert addresses[0] in {t.addresses[0] for t in self.done if t.capacity == capacity}
+        key = next(_keys)
+        pattern = make_pattern(key, n)
+        write_pattern(arrays, pattern)
+        tracked = Tracked(handle, key, n, capacity, tuple(arrays), pattern, addresses)
+        self.live.append(tracked)
+        self.count_acquire(n, capacity)
+        self.active_peak = max(self.active_peak, len(self.live))
+
+    # At a debug level a with block's exit searches the whole heap for escaped views
+    # (~30 ms here), so only a few run per example.
+    @precondition(lambda self: self.pool.debug == "off" or self.checked_exits < 2)
+    @rule(data=st.data())
+    def acquire_in_with_block(self, data: st.DataObject) -> None:
+        self.checked_exits += self.pool.debug != "off"
+        n = data.draw(count_strategy(self.pool.max_capacity), label="n")
+        keep_handle = data.draw(st.booleans(), label="keep_handle")
+        capacity = self.capacity_of(n)
+        pattern = make_pattern(next(_keys), n)
+        old = bucket_map(self.pool.stats()).get(capacity)
+        old_cached = 0 if old is None else old.cached
+        address: int | None
+        if keep_handle:
+            handle = self.pool.acquire(n)
+            assert id(handle) not in self.known
+            self.known.add(id(handle))
+            address = field_addresses(handle.arrays)[0]
+            self.take_top(capacity, old_cached, address)
+            with handle as bufs:
+                self.fill_and_check(bufs, pattern)
+            assert handle.released
+            self.released.append(handle)
+        else:
+            # Nothing but the with statement holds the handle: the pool may recycle it.
+            with self.pool.acquire(n) as bufs:
+                address = bufs.src_ptrs.data_ptr() if n else None
+                if address is not None:
+                    self.take_top(capacity, old_cached, address)
+                else:
+                    self.take_top_unknown(capacity, old_cached)
+                self.fill_and_check(bufs, pattern)
+        self.count_acquire(n, capacity)
+        self.active_peak = max(self.active_peak, len(self.live) + 1)
+        self.last_added[capacity] = self.tick
+        stack = self.free[capacity]
+        if bucket_map(self.pool.stats())[capacity].cached == len(stack) + 1:
+            stack.append(address)
+
+    def fill_and_check(self, bufs: DescriptorBuffers, pattern: Pattern) -> None:
+        assert len(bufs) == FIELDS
+        assert self.pool.stats().active_requests.current == len(self.live) + 1
+        for tensor, values in zip(bufs, pattern, strict=True):
+            assert tensor.shape == values.shape
+            tensor.numpy().view(np.uint64)[:] = values
+        for tensor, values in zip(bufs, pattern, strict=True):
+            assert np.array_equal(tensor.numpy().view(np.uint64), values)
+
+    def acquire_bad_count(self, bad: object) -> None:
+        before = self.pool.stats()
+        expected = ValueError if type(bad) is int else TypeError
+        with pytest.raises(expected):
+            self.pool.acquire(bad)  # type: ignore[arg-type]
+        self.expect_unchanged(before)
+
+    def acquire_above_max_capacity(self) -> None:
+        before = self.pool.stats()
+        with pytest.raises(ValueError, match="max_capacity"):
+            self.pool.acquire(self.pool.max_capacity + 1)
+        self.expect_unchanged(before)
+
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(
+            ["bad count", "above max", "non-event", "double release", "foreign", "bad trim"]
+        ),
+    )
+    def misuse(self, data: st.DataObject, kind: str) -> None:
+        """Each misuse raises its documented error and changes nothing."""
+        if kind == "bad count":
+            self.acquire_bad_count(data.draw(st.sampled_from(BAD_COUNTS), label="bad"))
+        elif kind == "above max":
+            self.acquire_above_max_capacity()
+        elif kind == "non-event" and self.live:
+            self.record_non_event(data.draw(st.sampled_from(self.live), label="handle"))
+        elif kind == "double release" and (self.released or self.pending or self.done):
+            handles = self.released + [t.handle for t in self.pending + self.done]
+            self.double_release(
+                data.draw(st.sampled_from(handles), label="handle"),
+                data.draw(st.booleans(), label="through_pool"),
+            )
+        elif kind == "foreign":
+            self.foreign_release(data.draw(count_strategy(self.other.max_capacity), label="n"))
+        elif kind == "bad trim":
+            self.trim_bad(data.draw(st.sampled_from([-1, True, 1.5, "0", None]), label="bad"))
+
+    # -- events ------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), done=st.booleans(), waitable=st.booleans())
+    def record_event(self, data: st.DataObject, done: bool, waitable: bool) -> None:
+        tracked = data.draw(st.sampled_from(self.live), label="handle")
+        event = WaitableFlipEvent(done) if waitable else FlipEvent(done)
+        before = self.pool.stats()
+        tracked.handle.record_event(event)
+        tracked.events.append(event)
+        self.expect_unchanged(before)
+
+    def record_non_event(self, tracked: Tracked) -> None:
+        before = self.pool.stats()
+        with pytest.raises(TypeError, match="query"):
+            tracked.handle.record_event(NoQuery())  # type: ignore[arg-type]
+        self.expect_unchanged(before)
+
+    @precondition(lambda self: any(t.pending for t in self.live + self.pending))
+    @rule(data=st.data())
+    def complete_event(self, data: st.DataObject) -> None:
+        waiting = [e for t in self.live + self.pending for e in t.events if not e.done]
+        before = self.pool.stats()
+        data.draw(st.sampled_from(waiting), label="event").done = True
+        # Completion alone changes nothing: a parked buffer retires at the next pool call.
+        self.expect_unchanged(before)
+        self.refresh_pending()
+
+    # -- release -----------------------------------------------------------------------
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        tracked = data.draw(st.sampled_from(self.live), label="handle")
+        self.do_release(tracked, through_pool=data.draw(st.booleans(), label="through_pool"))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def release_in_flight(self, data: st.DataObject) -> None:
+        """The worker's pattern: fill, record the copy's end event, release at once."""
+        tracked = data.draw(st.sampled_from(self.live), label="handle")
+        waitable = data.draw(st.booleans(), label="waitable")
+        event = WaitableFlipEvent() if waitable else FlipEvent()
+        tracked.handle.record_event(event)
+        tracked.events.append(event)
+        self.do_release(tracked, through_pool=False)
+
+    def do_release(self, tracked: Tracked, through_pool: bool) -> None:
+        handle = tracked.handle
+        assert has_pattern(handle.arrays, tracked.pattern), "canary overwritten while live"
+        assert has_pattern(tracked.arrays, tracked.pattern)
+        before = self.pool.stats()
+        old = bucket_map(before)[tracked.capacity]
+        if through_pool:
+            self.pool.release(handle)
+        else:
+            handle.release()
+        assert handle.released
+        self.live.remove(tracked)
+        self.last_added[tracked.capacity] = self.tick
+        after = self.pool.stats()
+        new = bucket_map(after)[tracked.capacity]
+        assert new.active == old.active - 1
+        if tracked.pending:
+            assert (new.parked, new.cached) == (old.parked + 1, old.cached)
+            assert after.allocations.current == before.allocations.current
+            self.pending.append(tracked)
+        else:
+            assert new.parked == old.parked
+            if new.cached == old.cached + 1:
+                self.free[tracked.capacity].append(tracked.addresses[0])
+            else:
+                # Not kept: a cap said so, and the buffer was freed.
+                assert after.allocations.freed > before.allocations.freed
+            self.released.append(handle)
+        if self.pool.debug == "off":
+            # Nothing is poisoned at debug "off": a release leaves the contents alone.
+            assert has_pattern(tracked.arrays, tracked.pattern)
+
+    def double_release(self, handle: BufferHandle, through_pool: bool) -> None:
+        before = self.pool.stats()
+        release = functools.partial(self.pool.release, handle) if through_pool else handle.release
+        with pytest.raises(ReleaseError, match="already released"):
+            release()
+        self.expect_unchanged(before)
+        with pytest.raises(ReleaseError):
+            handle.record_event(FlipEvent(True))
+        with pytest.raises(ReleaseError):
+            _ = handle.buffers
+        with pytest.raises(ReleaseError):
+            _ = handle.arrays
+        self.expect_unchanged(before)
+
+    def foreign_release(self, n: int) -> None:
+        foreign = self.other.acquire(n)
+        before, other_before = self.pool.stats(), self.other.stats()
+        try:
+            with pytest.raises(ReleaseError, match="another pool"):
+                self.pool.release(foreign)
+            with pytest.raises(TypeError, match="BufferHandle"):
+                self.pool.release(foreign.buffers)  # type: ignore[arg-type]
+            self.expect_unchanged(before)
+            assert self.other.stats() == other_before
+            assert not foreign.released
+        finally:
+            self.other.release(foreign)
+        assert self.other.stats().active_requests.current == 0
+
+    # -- explicit memory control -------------------------------------------------------
+
+    @precondition(lambda self: self.pending or self.done)
+    @rule()
+    def collect(self) -> None:
+        before = self.pool.stats()
+        pending = Counter(t.capacity for t in self.pending)
+        retired = self.pool.collect()
+        assert retired == before.parked - len(self.pending)
+        after = self.pool.stats()
+        assert after.parked == len(self.pending)
+        for bucket in after.buckets:
+            assert bucket.parked == pending[bucket.capacity]
+        for capacity in {t.capacity for t in self.done}:
+            self.last_added[capacity] = self.tick
+        self.released.extend(t.handle for t in self.done)
+        self.done = []
+        self.forget_free_order()
+
+    @precondition(lambda self: self.pending or self.done)
+    @rule()
+    def synchronize(self) -> None:
+        # Plain events can only be polled: complete them as a device would, eventually.
+        # Waitable ones are completed by the pool's call to their synchronize().
+        # Waitable events are completed by the pool's call to their synchronize(); plain
+        # ones only by the "device", a moment later, so that the pool must poll them.
+        events = [e for t in self.pending for e in t.events if not e.done]
+        polled = [e for e in events if type(e) is not WaitableFlipEvent]
+
+        def device() -> None:
+            for event in polled:
+                event.done = True
+
+        timer = threading.Timer(0.002, device)
+        timer.start()
+        try:
+            self.pool.synchronize()
+        finally:
+            timer.join()
+        assert all(event.done for event in events)
+        after = self.pool.stats()
+        assert after.parked == 0
+        assert after.parked_bytes == 0
+        for capacity in {t.capacity for t in self.done + self.pending}:
+            self.last_added[capacity] = self.tick
+        self.released.extend(t.handle for t in self.done + self.pending)
+        self.done = []
+        self.pending = []
+        self.forget_free_order()
+
+    @precondition(lambda self: self.pool.stats().cached_bytes)
+    @rule(max_bytes=st.sampled_from([0, 1, 384, 1_000, 5_000, 50_000, 1 << 40]))
+    def trim(self, max_bytes: int) -> None:
+        before = self.pool.stats()
+        freed = self.pool.trim(max_bytes)
+        after = self.pool.stats()
+        assert after.cached_bytes <= max_bytes
+        assert freed == before.cached_bytes - after.cached_bytes
+        if before.cached_bytes <= max_bytes:
+            assert freed == 0
+            assert after == before
+        else:
+            # No more than needed: without the last buffer freed, the target was missed.
+            remaining = {b.capacity: b.cached for b in after.buckets}
+            shrunk = [
+                self.nbytes(b.capacity)
+                for b in before.buckets
+                if b.cached > remaining.get(b.capacity, 0)
+            ]
+            assert after.cached_bytes + max(shrunk) > max_bytes
+        assert after.allocated_bytes.current == before.allocated_bytes.current - freed
+        assert after.active_requests == before.active_requests
+        assert after.parked == before.parked
+        for new in after.buckets:
+            old = bucket_map(before).get(new.capacity)
+            assert old is not None
+            assert (new.active, new.parked) == (old.active, old.parked)
+            assert new.cached <= old.cached
+
+    def trim_bad(self, bad: object) -> None:
+        before = self.pool.stats()
+        with pytest.raises(ValueError, match="max_bytes"):
+            self.pool.trim(bad)  # type: ignore[arg-type]
+        self.expect_unchanged(before)
+
+    @rule(data=st.data(), count=st.integers(0, 3))
+    def reserve(self, data: st.DataObject, count: int) -> None:
+        n = data.draw(count_strategy(self.pool.max_capacity), label="n")
+        capacity = self.capacity_of(n)
+        nbytes = self.nbytes(capacity)
+        before = self.pool.stats()
+        old = bucket_map(before).get(capacity)
+        cached = (0 if old is None else old.cached) + count
+        if (
+            cached > self.pool.max_cached_per_bucket
+            or before.cached_bytes + count * nbytes > self.pool.max_cached_bytes
+        ):
+            with pytest.raises(ValueError, match="reserve"):
+                self.pool.reserve(n, count)
+            self.expect_unchanged(before)
+            return
+        self.pool.reserve(n, count)
+        after = self.pool.stats()
+        if count:
+            assert bucket_map(after)[capacity].cached == cached
+        assert after.cached_bytes == before.cached_bytes + count * nbytes
+        assert after.allocations.allocated == before.allocations.allocated + count
+        assert (after.hits, after.misses) == (before.hits, before.misses)
+        self.reserved += count
+        self.last_acquire[capacity] = self.tick
+        self.last_added[capacity] = self.tick
+
+    @rule(outstanding=st.booleans())
+    def inspect(self, outstanding: bool) -> None:
+        if outstanding:
+            self.check_outstanding()
+        else:
+            self.reset_peak_stats()
+
+    def reset_peak_stats(self) -> None:
+        self.pool.reset_peak_stats()
+        stats = self.pool.stats()
+        for stat in (stats.allocations, stats.allocated_bytes):
+            assert stat.peak == stat.current
+        assert stats.active_requests.peak == stats.active_requests.current
+        assert stats.active_bytes.peak == stats.active_bytes.current
+        self.active_peak = len(self.live)
+
+    def check_outstanding(self) -> None:
+        before = self.pool.stats()
+        found = self.pool.outstanding()
+        assert {id(h) for h in found} == {id(t.handle) for t in self.live}
+        assert len(found) == len(self.live)
+        self.expect_unchanged(before)
+
+    # -- checked after every step ------------------------------------------------------
+
+    @invariant()
+    def stats_match_model(self) -> None:
+        if not hasattr(self, "pool"):
+            return
+        self.settle_done()
+        stats = self.pool.stats()
+        check_stats_consistent(
+            stats,
+            max_cached_bytes=self.pool.max_cached_bytes,
+            per_bucket=self.pool.max_cached_per_bucket,
+        )
+        buckets = bucket_map(stats)
+        live = Counter(t.capacity for t in self.live)
+        pending = Counter(t.capacity for t in self.pending)
+        done = Counter(t.capacity for t in self.done)
+        for capacity in set(live) | set(pending) | set(done):
+            assert capacity in buckets
+        for capacity, bucket in buckets.items():
+            assert bucket.active == live[capacity]
+            assert pending[capacity] <= bucket.parked <= pending[capacity] + done[capacity]
+        assert stats.active_requests.current == len(self.live)
+        assert stats.active_requests.peak == self.active_peak
+        assert stats.active_bytes.current == sum(self.nbytes(t.capacity) for t in self.live)
+        assert stats.hits + stats.misses == self.acquires
+        assert stats.allocations.allocated == stats.misses + self.reserved
+        assert stats.requested_entries == self.requested
+        assert stats.rounded_entries == self.rounded
+        self.reconcile_free(buckets)
+        idle = self.pool.idle_trim_acquires
+        if idle:
+            # An unused bucket gives its cache back within 5/4 of idle_trim_acquires.
+            bound = idle + max(1, idle // 4)
+            for capacity, bucket in buckets.items():
+                last_use = max(self.last_acquire.get(capacity, 0), self.last_added.get(capacity, 0))
+                if self.tick - last_use >= bound:
+                    assert bucket.cached == 0, (capacity, self.tick, last_use)
+
+    @invariant()
+    def buffers_disjoint_and_intact(self) -> None:
+        held = self.live + self.pending
+        for tracked in held:
+            assert has_pattern(tracked.arrays, tracked.pattern), f"canary of {tracked} changed"
+        spans = sorted(span for tracked in held for span in tracked.intervals())
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert end <= start, "two held buffers share memory"
+        views = [t.handle.buffers.src_ptrs.data_ptr() for t in self.live if t.n]
+        assert len(views) == len(set(views))
+
+    @rule(through_pool=st.booleans())
+    def drain(self, through_pool: bool) -> None:
+        """Release everything, let every copy finish: nothing is out, nothing parked."""
+        for tracked in list(self.live):
+            self.do_release(tracked, through_pool)
+        for tracked in self.pending:
+            for event in tracked.events:
+                event.done = True
+        self.refresh_pending()
+        self.pool.synchronize()
+        for capacity in {t.capacity for t in self.done}:
+            self.last_added[capacity] = self.tick  # retired into the cache just now
+        stats = self.pool.stats()
+        assert stats.active_requests.current == stats.active_bytes.current == 0
+        assert stats.parked == stats.parked_bytes == 0
+        assert stats.allocations.current == sum(b.cached for b in stats.buckets)
+        assert self.pool.outstanding() == []
+        assert self.other.outstanding() == []
+        self.released.extend(t.handle for t in self.done)
+        self.done = []
+        self.forget_free_order()
+
+    def teardown(self) -> None:
+        # Clean-up only, so that a failing step is reported alone: every handle is
+        # released (an unreleased one warns, and warnings are errors here).
+        for tracked in self.live:
+            with contextlib.suppress(Exception):
+                tracked.handle.release()
+        self.live = []
+
+
+PoolMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestPoolMachine = PoolMachine.TestCase
+
+
+# -- 2. threads --------------------------------------------------------------------------------
+
+THREADS = 8
+ACQUIRES_PER_THREAD = 12_500  # 100,000 acquires (and as many releases) in all
+COUNTS = (0, 1, 3, 4, 5, 8, 9, 16, 17, 31, 33, 64, 100)
+
+
+@attrs.define(eq=False)
+class InFlight:
+    """A handle travelling between threads, with the canary it must still hold."""
+
+    handle: BufferHandle = attrs.field(repr=False)
+    pattern: Pattern = attrs.field(repr=False)
+    owner: int
+
+
+@pytest.fixture
+def frequent_thread_switches() -> Iterator[None]:
+    """Switch threads every 0.1 ms instead of 5 ms, so that races get their chance."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def run_threads(
+    targets: Sequence[Callable[[], None]], pool: BucketPool, timeout: float = 120.0
+) -> list[str]:
+    """Run *targets* on threads started together; return the errors they raised.
+
+    Meanwhile another thread checks that every `BucketPool.stats` snapshot is consistent.
+    """
+    errors: list[str] = []
+    running = threading.Event()
+    running.set()
+    snapshots = 0
+
+    def monitor() -> None:
+        nonlocal snapshots
+        try:
+            while running.is_set():
+                check_stats_consistent(
+                    pool.stats(),
+                    max_cached_bytes=pool.max_cached_bytes,
+                    per_bucket=pool.max_cached_per_bucket,
+                )
+                snapshots += 1
+                time.sleep(0.001)
+        except BaseException as error:
+            errors.append(f"monitor: {error!r}")
+
+    watcher = threading.Thread(target=monitor, name="monitor", daemon=True)
+    watcher.start()
+    barrier = threading.Barrier(len(targets))
+
+    def wrap(target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                barrier.wait()
+                target()
+            except BaseException as error:
+                errors.append(f"{threading.current_thread().name}: {error!r}")
+
+        return run
+
+    threads = [
+        threading.Thread(target=wrap(target), name=f"stress-{i}", daemon=True)
+        for i, target in enumerate(targets)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    running.clear()
+    watcher.join(10)
+    stuck = [thread.name for thread in [*threads, watcher] if thread.is_alive()]
+    assert not stuck, f"threads still running after {timeout} s (deadlock?): {stuck}"
+    assert snapshots > 0
+    return errors
+
+
+def check_final_stats(pool: BucketPool, acquires: int) -> None:
+    stats = pool.stats()
+    check_stats_consistent(
+        stats, max_cached_bytes=pool.max_cached_bytes, per_bucket=pool.max_cached_per_bucket
+    )
+    assert stats.active_requests.current == 0
+    assert stats.active_bytes.current == 0
+    assert all(bucket.active == 0 for bucket in stats.buckets)
+    assert stats.hits + stats.misses == acquires
+    assert stats.active_requests.allocated == stats.active_requests.freed == acquires
+    assert stats.allocations.current == sum(b.cached + b.parked for b in stats.buckets)
+    assert stats.parked == 0
+    assert pool.outstanding() == []
+
+
+@pytest.mark.usefixtures("frequent_thread_switches")
+def test_threads_hand_off_handles_without_corruption() -> None:
+    pool = BucketPool(
+        min_capacity=4,
+        max_capacity=1024,
+        max_cached_per_bucket=4,
+        max_cached_bytes=16_384,
+        idle_trim_acquires=64,
+    )
+    inboxes: list[queue.Queue[InFlight]] = [queue.Queue() for _ in range(THREADS)]
+    corrupted: list[str] = []
+
+    def worker(me: int) -> Callable[[], None]:
+        outbox = inboxes[(me + 1) % THREADS]
+        inbox = inboxes[me]
+
+        def run() -> None:
+            for seq in range(ACQUIRES_PER_THREAD):
+                n = COUNTS[(seq * 7 + me) % len(COUNTS)]
+                pattern = make_pattern((me << 20) | seq, n)
+                if seq % 8 == 0:  # now and then a with block on one thread
+                    with pool.acquire(n) as bufs:
+                        arrays = [tensor.numpy() for tensor in bufs]
+                        write_pattern(arrays, pattern)
+                        if not has_pattern(arrays, pattern):
+                            corrupted.append(f"thread {me} seq {seq} n={n}")
+                        del arrays
+                    continue
+                handle = pool.acquire(n)
+                write_pattern(handle.arrays, pattern)
+                outbox.put(InFlight(handle, pattern, me))
+                received = inbox.get(timeout=30)
+                assert received.owner != me
+                if not has_pattern(received.handle.arrays, received.pattern):
+                    corrupted.append(f"thread {me}: a handle of thread {received.owner}")
+                received.handle.release()
+
+        return run
+
+    start = time.perf_counter()
+    errors = run_threads([worker(i) for i in range(THREADS)], pool)
+    elapsed = time.perf_counter() - start
+    assert errors == []
+    assert corrupted == []
+    assert all(inbox.empty() for inbox in inboxes)
+    check_final_stats(pool, THREADS * ACQUIRES_PER_THREAD)
+    print(f"{THREADS * ACQUIRES_PER_THREAD:,} acquires across {THREADS} threads: {elapsed:.2f} s")
+
+
+@pytest.mark.usefixtures("frequent_thread_switches")
+def test_threads_never_reuse_a_parked_buffer() -> None:
+    pool = BucketPool(
+        min_capacity=4,
+        max_capacity=1024,
+        max_cached_per_bucket=4,
+        max_cached_bytes=16_384,
+        idle_trim_acquires=64,
+    )
+    lock = threading.Lock()
+    in_flight: Counter[int] = Counter()  # address -> parked buffers there (must stay 0 or 1)
+    to_complete: queue.Queue[tuple[FlipEvent, tuple[npt.NDArray[Any], ...], Pattern, int] | None]
+    to_complete = queue.Queue()
+    inboxes: list[queue.Queue[InFlight]] = [queue.Queue() for _ in range(THREADS)]
+    problems: list[str] = []
+    parked_seen = 0
+
+    def worker(me: int) -> Callable[[], None]:
+        outbox = inboxes[(me + 1) % THREADS]
+        inbox = inboxes[me]
+
+        def run() -> None:
+            nonlocal parked_seen
+            for seq in range(ACQUIRES_PER_THREAD):
+                n = COUNTS[(seq * 5 + me) % len(COUNTS)]
+                handle = pool.acquire(n)
+                address = int(handle.arrays[0].ctypes.data)
+                with lock:
+                    if in_flight[address]:
+                        problems.append(f"thread {me} got a parked buffer at {address:#x}")
+                pattern = make_pattern((me << 20) | seq, n)
+                write_pattern(handle.arrays, pattern)
+                outbox.put(InFlight(handle, pattern, me))
+                received = inbox.get(timeout=30)
+                arrays = received.handle.arrays
+                if not has_pattern(arrays, received.pattern):
+                    problems.append(f"thread {me}: canary of thread {received.owner} changed")
+                if seq % 3:
+                    received.handle.release()
+                    continue
+                # "Upload" the descriptors, record the end event, release: parked.
+                event = FlipEvent(done=seq % 9 == 0)  # some are done already
+                received.handle.record_event(event)
+                address = int(arrays[0].ctypes.data)
+                if not event.done:
+                    with lock:
+                        in_flight[address] += 1
+                        parked_seen += 1
+                received.handle.release()
+                if not event.done:
+                    to_complete.put((event, tuple(arrays), received.pattern, address))
+
+        return run
+
+    def completer() -> None:
+        """The device: completes events in order, a while after they were recorded."""
+        window: list[tuple[FlipEvent, tuple[npt.NDArray[Any], ...], Pattern, int]] = []
+        finished = False
+        while not finished or window:
+            item = None if finished else to_complete.get(timeout=60)
+            if item is None:
+                finished = True
+            else:
+                window.append(item)
+            if len(window) > 24 or (finished and window):
+                event, arrays, pattern, address = window.pop(0)
+                if not has_pattern(arrays, pattern):
+                    problems.append(f"a parked buffer at {address:#x} was written in flight")
+                with lock:
+                    in_flight[address] -= 1
+                event.done = True
+
+    completer_thread = threading.Thread(target=completer, name="completer", daemon=True)
+    completer_thread.start()
+    start = time.perf_counter()
+    errors = run_threads([worker(i) for i in range(THREADS)], pool)
+    to_complete.put(None)
+    completer_thread.join(60)
+    elapsed = time.perf_counter() - start
+    assert not completer_thread.is_alive()
+    assert errors == []
+    assert problems == []
+    assert parked_seen > 1_000
+    assert all(count == 0 for count in in_flight.values())
+    retired = pool.collect()
+    assert retired <= parked_seen
+    check_final_stats(pool, THREADS * ACQUIRES_PER_THREAD)
+    print(f"{parked_seen:,} parked of {THREADS * ACQUIRES_PER_THREAD:,} acquires: {elapsed:.2f} s")
+
+
+# -- 3. a real torch.Event on a CPU-only build -----------------------------------------------
+
+
+def test_unrecorded_torch_event_does_not_park() -> None:
+    pool = BucketPool(min_capacity=4, max_capacity=1024, idle_trim_acquires=0)
+    event = torch.Event(device="cpu")
+    assert event.query()  # never recorded: reports done
+    handle = pool.acquire(100)
+    address = handle.buffers.src_ptrs.data_ptr()
+    handle.record_event(event)
+    pool.release(handle)
+    stats = pool.stats()
+    assert stats.parked == 0
+    assert bucket_map(stats)[128].cached == 1
+    again = pool.acquire(128)
+    try:
+        assert again.buffers.src_ptrs.data_ptr() == address
+        assert pool.stats().hits == 1
+    finally:
+        again.release()
+    assert pool.outstanding() == []
+
+
+# -- 4. a real device ------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pinned_buffer_parks_until_upload_completes() -> None:
+    pool = BucketPool(pin_memory=True, idle_trim_acquires=0, debug="off")
+    n = 1_000
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    handles: list[BufferHandle] = []
+
+    def acquire() -> BufferHandle:
+        handle = pool.acquire(n)
+        handles.append(handle)
+        return handle
+
+    def delayed_upload(
+        handle: BufferHandle, cycles: int
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event]:
+        """Upload the descriptors on a stream held back by a spin, as a busy device would."""
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+            uploaded = [t.to("cuda", non_blocking=True) for t in handle.buffers]
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(stream)
+        return uploaded, event
+
+    try:
+        first = acquire()
+        assert all(t.is_pinned() for t in first.buffers)
+        first_address = first.buffers.src_ptrs.data_ptr()
+        first_pattern = make_pattern(1, n)
+        write_pattern(first.arrays, first_pattern)
+        in_flight = tuple(first.arrays)  # kept to prove that nobody writes the buffer
+        uploaded, event = delayed_upload(first, 2_000_000_000)  # about a second
+        first.record_event(event)
+        first.release()
+        assert not event.query()  # type: ignore[no-untyped-call]
+        assert pool.stats().parked == 1
+
+        second = acquire()  # the parked buffer must not come back while the upload runs
+        assert second.buffers.src_ptrs.data_ptr() != first_address
+        second_pattern = make_pattern(2, n)
+        write_pattern(second.arrays, second_pattern)
+        assert has_pattern(in_flight, first_pattern)
+        assert not event.query()  # type: ignore[no-untyped-call]
+
+        event.synchronize()
+        assert pool.collect() == 1
+        assert pool.stats().parked == 0
+        for tensor, values in zip(uploaded, first_pattern, strict=True):
+            assert np.array_equal(tensor.cpu().numpy().view(np.uint64), values)
+        third = acquire()  # now the retired buffer comes back
+        assert third.buffers.src_ptrs.data_ptr() == first_address
+        assert has_pattern(third.arrays, first_pattern)
+        assert has_pattern(second.arrays, second_pattern)
+        second.release()
+
+        _, later = delayed_upload(third, 1_000_000_000)
+        third.record_event(later)
+        third.release()
+        assert pool.stats().parked == 1
+        pool.synchronize()
+        assert later.query()  # type: ignore[no-untyped-call]
+        stats = pool.stats()
+        assert stats.parked == 0
+        assert stats.active_requests.current == 0
+        assert pool.outstanding() == []
+    finally:
+        torch.cuda.synchronize()
+        for handle in handles:
+            if not handle.released:
+                handle.release()
+        pool.synchronize()
