@@ -586,6 +586,116 @@ def byte_pairs(copies: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
     return [(s + j, d + j) for s, d, n in copies for j in range(n)]
 
 
+# Index offsets on both sides of 2**31, where run detection switches from one packed int64
+# key per block pair to testing the two columns apart.
+INDEX_OFFSETS = [0, 2**31 - 60, 2**31 - 6, 2**31, 2**32 - 3, 2**32, 2**40, 2**59]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    runs_strategy,
+    st.sampled_from(INDEX_OFFSETS),
+    st.sampled_from(INDEX_OFFSETS),
+    st.integers(1, 8),
+    st.sampled_from(DTYPES),
+    st.sampled_from([np.int64, np.uint64, np.int32, np.uint32]),
+)
+def test_coalescing_at_large_indices_matches_the_reference(
+    runs: list[tuple[int, int, int]],
+    src_offset: int,
+    dst_offset: int,
+    block_bytes: int,
+    dtype: Any,
+    index_dtype: Any,
+) -> None:
+    if np.iinfo(index_dtype).max < max(src_offset, dst_offset) + 46:
+        index_dtype = np.int64
+    src_blocks = [src_offset + s + j for s, _, length in runs for j in range(length)]
+    dst_blocks = [dst_offset + d + j for _, d, length in runs for j in range(length)]
+    count = len(src_blocks)
+    arrays = make_arrays(count + 1, dtype)
+    end = add_block_copies(
+        arrays, 0, HIGH, 4096, np.array(src_blocks, dtype=index_dtype),
+        np.array(dst_blocks, dtype=index_dtype), block_bytes,
+    )  # fmt: skip
+    assert descriptors(arrays, 0, end) == reference_blocks(
+        HIGH, 4096, src_blocks, dst_blocks, block_bytes, None, True
+    )
+    assert unsigned(arrays[0])[end:] == [SENTINEL] * (count + 1 - end)
+
+
+@pytest.mark.parametrize(
+    ("src_blocks", "dst_blocks", "runs"),
+    [
+        ([2**31 - 3, 2**31 - 2, 2**31 - 1], [0, 1, 2], 1),  # the packed key's largest index
+        ([0, 1, 2], [2**31 - 3, 2**31 - 2, 2**31 - 1], 1),
+        ([2**31 - 2, 2**31 - 1, 2**31], [7, 8, 9], 1),  # past it: the columns apart
+        ([0, 1, 2], [2**31 - 2, 2**31 - 1, 2**31], 1),
+        ([5, 6, 7], [2**31 - 1, 0, 1], 2),  # a destination step of 1 - 2**31
+        ([2**31 - 1, 0, 1], [5, 6, 7], 2),
+        # Blocks that would step the packed key by 2**32 + 1 if it held larger indices:
+        ([0, 0, 1], [0, 2**32 + 1, 2**32 + 2], 2),
+        ([0, 2, 3], [2**32 - 1, 0, 1], 2),
+        ([2**32 - 1, 0, 1], [5, 6, 7], 2),
+    ],
+)
+def test_run_detection_at_the_key_limit(
+    src_blocks: list[int], dst_blocks: list[int], runs: int
+) -> None:
+    for form in (np.array, lambda v: np.array(v, dtype=np.uint64)):
+        arrays = make_arrays(3)
+        end = add_block_copies(arrays, 0, 0, 0, form(src_blocks), form(dst_blocks), 8)
+        assert end == runs
+        expected = reference_blocks(0, 0, src_blocks, dst_blocks, 8, None, True)
+        assert descriptors(arrays, 0, end) == expected
+
+
+@pytest.mark.parametrize(
+    ("src_blocks", "dst_blocks"),
+    [
+        ([3, 4, 5, 6], [0, 1, 2, 3]),  # one run
+        ([6, 3, 5, 0], [1, 4, 2, 7]),  # no run merges
+        ([0, 1, 5, 6], [2, 3, 0, 1]),  # two runs
+    ],
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_block_lists_may_be_views_of_the_descriptor_arrays(
+    src_blocks: list[int], dst_blocks: list[int], dtype: Any
+) -> None:
+    # Each input is read before an output entry that it shares memory with is written.
+    expected = reference_blocks(64, 128, src_blocks, dst_blocks, 16, 60, True)
+    for src_column, dst_column in [(0, 1), (1, 0), (2, 0), (1, 2), (2, 1)]:
+        arrays = make_arrays(4, dtype)
+        arrays[src_column][:] = src_blocks
+        arrays[dst_column][:] = dst_blocks
+        end = add_block_copies(
+            arrays, 0, 64, 128, arrays[src_column], arrays[dst_column], 16, total_bytes=60
+        )
+        assert descriptors(arrays, 0, end) == expected
+
+
+@pytest.mark.parametrize("byte_order", [">i8", ">u8"])
+@pytest.mark.parametrize("pattern", [[3, 0, 1], [0, 1, 2], [1, 2, 0]])
+def test_descriptor_arrays_in_another_byte_order(byte_order: str, pattern: list[int]) -> None:
+    arrays = (
+        np.full(3, SENTINEL, dtype=byte_order),
+        np.full(3, SENTINEL, dtype=np.uint64),
+        np.full(3, SENTINEL, dtype=byte_order),
+    )
+    end = add_block_copies(arrays, 0, HIGH, 2**64 - 2048, pattern, [2, 3, 4], 256)
+    expected = reference_blocks(HIGH, 2**64 - 2048, pattern, [2, 3, 4], 256, None, True)
+    got = [
+        (int(s), int(d), int(n))
+        for s, d, n in zip(
+            arrays[0][:end].astype(np.uint64),
+            arrays[1][:end],
+            arrays[2][:end].astype(np.uint64),
+            strict=True,
+        )
+    ]
+    assert got == expected
+
+
 # --- End to end: fill real descriptors, run the host reference op, compare bytes --------
 
 
