@@ -5,12 +5,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
+import attrs
 import numpy as np
 import pytest
 import torch
 
 from bucketpool import (
     BucketPool,
+    BucketStats,
     BufferHandle,
     DescriptorBuffers,
     EscapedViewError,
@@ -448,92 +450,145 @@ def test_reserve_beyond_the_caps_is_refused_and_allocates_nothing() -> None:
 # -- stats ------------------------------------------------------------------------------
 
 
-def bucket_row(stats: PoolStats) -> list[tuple[int, int, int, int, int, int]]:
-    return [(b.capacity, b.hits, b.misses, b.cached, b.active, b.parked) for b in stats.buckets]
+def record(
+    allocations: Stat,
+    allocated_bytes: Stat,
+    active_requests: Stat,
+    active_bytes: Stat,
+    cached_bytes: int,
+    parked: tuple[int, int],
+    hits_misses: tuple[int, int],
+    entries: tuple[int, int],
+    buckets: tuple[BucketStats, ...],
+) -> PoolStats:
+    """A whole expected PoolStats, written out (parked as (count, bytes))."""
+    return PoolStats(
+        allocations=allocations,
+        allocated_bytes=allocated_bytes,
+        active_requests=active_requests,
+        active_bytes=active_bytes,
+        cached_bytes=cached_bytes,
+        parked=parked[0],
+        parked_bytes=parked[1],
+        hits=hits_misses[0],
+        misses=hits_misses[1],
+        requested_entries=entries[0],
+        rounded_entries=entries[1],
+        buckets=buckets,
+    )
 
 
 def test_exact_accounting_after_every_step() -> None:
     pool = BucketPool(max_cached_per_bucket=1)
-    empty = PoolStats(
-        allocations=Stat(0, 0, 0, 0),
-        allocated_bytes=Stat(0, 0, 0, 0),
-        active_requests=Stat(0, 0, 0, 0),
-        active_bytes=Stat(0, 0, 0, 0),
-        cached_bytes=0,
-        parked_bytes=0,
-        parked=0,
-        hits=0,
-        misses=0,
-        requested_entries=0,
-        rounded_entries=0,
-        buckets=(),
+    zero = Stat(0, 0, 0, 0)
+    assert pool.stats() == record(zero, zero, zero, zero, 0, (0, 0), (0, 0), (0, 0), ())
+
+    a = pool.acquire(10)  # miss in bucket 16 (384 bytes a buffer)
+    assert pool.stats() == record(
+        Stat(1, 1, 1, 0),
+        Stat(384, 384, 384, 0),
+        Stat(1, 1, 1, 0),
+        Stat(384, 384, 384, 0),
+        0,
+        (0, 0),
+        (0, 1),
+        (10, 16),
+        (BucketStats(16, 0, 1, 0, 1, 0),),
     )
-    assert pool.stats() == empty
 
-    a = pool.acquire(10)  # miss in bucket 16
-    s = pool.stats()
-    assert s.allocations == Stat(1, 1, 1, 0)
-    assert s.allocated_bytes == Stat(384, 384, 384, 0)
-    assert s.active_requests == Stat(1, 1, 1, 0)
-    assert s.active_bytes == Stat(384, 384, 384, 0)
-    assert (s.cached_bytes, s.parked, s.hits, s.misses) == (0, 0, 0, 1)
-    assert (s.requested_entries, s.rounded_entries) == (10, 16)
-    assert bucket_row(s) == [(16, 0, 1, 0, 1, 0)]
-
-    b = pool.acquire(100)  # miss in bucket 128
-    s = pool.stats()
-    assert s.allocations == Stat(2, 2, 2, 0)
-    assert s.allocated_bytes == Stat(3456, 3456, 3456, 0)
-    assert s.active_requests == Stat(2, 2, 2, 0)
-    assert s.active_bytes == Stat(3456, 3456, 3456, 0)
-    assert (s.requested_entries, s.rounded_entries) == (110, 144)
-    assert bucket_row(s) == [(16, 0, 1, 0, 1, 0), (128, 0, 1, 0, 1, 0)]
+    b = pool.acquire(100)  # miss in bucket 128 (3,072 bytes)
+    assert pool.stats() == record(
+        Stat(2, 2, 2, 0),
+        Stat(3456, 3456, 3456, 0),
+        Stat(2, 2, 2, 0),
+        Stat(3456, 3456, 3456, 0),
+        0,
+        (0, 0),
+        (0, 2),
+        (110, 144),
+        (BucketStats(16, 0, 1, 0, 1, 0), BucketStats(128, 0, 1, 0, 1, 0)),
+    )
 
     a.release()
-    s = pool.stats()
-    assert s.active_requests == Stat(1, 2, 2, 1)
-    assert s.active_bytes == Stat(3072, 3456, 3456, 384)
-    assert s.cached_bytes == 384
-    assert bucket_row(s) == [(16, 0, 1, 1, 0, 0), (128, 0, 1, 0, 1, 0)]
+    assert pool.stats() == record(
+        Stat(2, 2, 2, 0),
+        Stat(3456, 3456, 3456, 0),
+        Stat(1, 2, 2, 1),
+        Stat(3072, 3456, 3456, 384),
+        384,
+        (0, 0),
+        (0, 2),
+        (110, 144),
+        (BucketStats(16, 0, 1, 1, 0, 0), BucketStats(128, 0, 1, 0, 1, 0)),
+    )
 
     c = pool.acquire(16)  # hit
     d = pool.acquire(1)  # miss: the only cached 16 is out
-    s = pool.stats()
-    assert s.allocations == Stat(3, 3, 3, 0)
-    assert s.active_requests == Stat(3, 3, 4, 1)
-    assert s.active_bytes == Stat(3840, 3840, 4224, 384)
-    assert (s.cached_bytes, s.hits, s.misses) == (0, 1, 3)
-    assert (s.requested_entries, s.rounded_entries) == (127, 176)
-    assert bucket_row(s) == [(16, 1, 2, 0, 2, 0), (128, 0, 1, 0, 1, 0)]
+    assert pool.stats() == record(
+        Stat(3, 3, 3, 0),
+        Stat(3840, 3840, 3840, 0),
+        Stat(3, 3, 4, 1),
+        Stat(3840, 3840, 4224, 384),
+        0,
+        (0, 0),
+        (1, 3),
+        (127, 176),
+        (BucketStats(16, 1, 2, 0, 2, 0), BucketStats(128, 0, 1, 0, 1, 0)),
+    )
 
     event = FlagEvent()
     d.record_event(event)
     d.release()  # parked
     c.release()  # cached
-    s = pool.stats()
-    assert (s.cached_bytes, s.parked, s.parked_bytes) == (384, 1, 384)
-    assert bucket_row(s) == [(16, 1, 2, 1, 0, 1), (128, 0, 1, 0, 1, 0)]
+    assert pool.stats() == record(
+        Stat(3, 3, 3, 0),
+        Stat(3840, 3840, 3840, 0),
+        Stat(1, 3, 4, 3),
+        Stat(3072, 3840, 4224, 1152),
+        384,
+        (1, 384),
+        (1, 3),
+        (127, 176),
+        (BucketStats(16, 1, 2, 1, 0, 1), BucketStats(128, 0, 1, 0, 1, 0)),
+    )
 
     event.done = True
     assert pool.collect() == 1  # over max_cached_per_bucket=1: freed
-    s = pool.stats()
-    assert s.allocations == Stat(2, 3, 3, 1)
-    assert s.allocated_bytes == Stat(3456, 3840, 3840, 384)
-    assert (s.cached_bytes, s.parked, s.parked_bytes) == (384, 0, 0)
-    assert bucket_row(s) == [(16, 1, 2, 1, 0, 0), (128, 0, 1, 0, 1, 0)]
+    after_collect = record(
+        Stat(2, 3, 3, 1),
+        Stat(3456, 3840, 3840, 384),
+        Stat(1, 3, 4, 3),
+        Stat(3072, 3840, 4224, 1152),
+        384,
+        (0, 0),
+        (1, 3),
+        (127, 176),
+        (BucketStats(16, 1, 2, 1, 0, 0), BucketStats(128, 0, 1, 0, 1, 0)),
+    )
+    assert pool.stats() == after_collect
 
     pool.reset_peak_stats()
-    s = pool.stats()
-    assert s.allocations == Stat(2, 2, 3, 1)
-    assert s.active_requests == Stat(1, 1, 4, 3)
-    assert s.active_bytes == Stat(3072, 3072, 4224, 1152)
+    assert pool.stats() == attrs.evolve(
+        after_collect,
+        allocations=Stat(2, 2, 3, 1),
+        allocated_bytes=Stat(3456, 3456, 3840, 384),
+        active_requests=Stat(1, 1, 4, 3),
+        active_bytes=Stat(3072, 3072, 4224, 1152),
+    )
 
     b.release()
     assert pool.empty_cache() == 3456
-    s = pool.stats()
-    assert s.allocations == Stat(0, 2, 3, 3)
-    assert s.allocated_bytes == Stat(0, 3456, 3840, 3840)
-    assert bucket_row(s) == [(16, 1, 2, 0, 0, 0), (128, 0, 1, 0, 0, 0)]
+    assert pool.stats() == record(
+        Stat(0, 2, 3, 3),
+        Stat(0, 3456, 3840, 3840),
+        Stat(0, 1, 4, 4),
+        Stat(0, 3072, 4224, 4224),
+        0,
+        (0, 0),
+        (1, 3),
+        (127, 176),
+        (BucketStats(16, 1, 2, 0, 0, 0), BucketStats(128, 0, 1, 0, 0, 0)),
+    )
 
 
 def test_stats_table_is_readable() -> None:
