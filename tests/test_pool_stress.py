@@ -444,8 +444,13 @@ class PoolMachine(RuleBasedStateMachine):
         self.active_peak = max(self.active_peak, len(self.live) + 1)
         self.last_added[capacity] = self.tick
         stack = self.free[capacity]
-        if bucket_map(self.pool.stats())[capacity].cached == len(stack) + 1:
-            stack.append(address)
+        after = bucket_map(self.pool.stats())[capacity]
+        if after.cached == len(stack) + 1:
+            # The acquire's idle sweep may have retired a parked buffer into the cache
+            # first; then the cap may have freed this one instead: which one is cached
+            # is not known.
+            retired = after.parked < (0 if old is None else old.parked)
+            stack.append(None if retired else address)
 
     def fill_and_check(self, bufs: DescriptorBuffers, pattern: Pattern) -> None:
         assert len(bufs) == FIELDS
