@@ -384,25 +384,15 @@ class BufferHandle:
                 raise self._released_error("release")
             self._released = True
             block = self._block
-            bucket = block.bucket
-            nbytes = bucket.nbytes
             pool._active -= 1
-            pool._active_bytes -= nbytes
+            pool._active_bytes -= block.bucket.nbytes
             if pool._tracing:
                 block.released_at = pool._site()
             if events:
                 self._events = events
-                bucket.parked.append(self)
-            elif (
-                pool._level
-                or len(bucket.free) >= pool.max_cached_per_bucket
-                or pool._cached_bytes + nbytes > pool.max_cached_bytes
-            ):
-                pool._retire(self)
+                block.bucket.parked.append(self)
             else:
-                # `_cache` inlined for the common case: no debug checks, under both caps.
-                bucket.free.append(block)
-                pool._cached_bytes += nbytes
+                pool._retire(self)
         finally:
             lock.put(None)
         if pool._deferred:
