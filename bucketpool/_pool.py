@@ -1004,17 +1004,24 @@ class BucketPool:
             bucket.free.append(block)
             self._cached_bytes += bucket.nbytes
             return
-        if len(bucket.free) < self.max_cached_per_bucket and bucket.nbytes <= self.max_cached_bytes:
-            # Over the byte cap: make room from the least recently used other buckets.
+        cached = len(bucket.free)
+        if (
+            cached < self.max_cached_per_bucket
+            and (cached + 1) * bucket.nbytes <= self.max_cached_bytes
+        ):
+            # Over the byte cap, but it fits once the least recently used other buckets
+            # make room (evicting them otherwise would free buffers for nothing).
             self._trim_to(self.max_cached_bytes - bucket.nbytes, keep=bucket)
-            if self._cached_bytes + bucket.nbytes <= self.max_cached_bytes:
-                bucket.free.append(block)
-                self._cached_bytes += bucket.nbytes
-                return
+            bucket.free.append(block)
+            self._cached_bytes += bucket.nbytes
+            return
         self._free(block)
 
     def _free(self, block: _Block) -> None:
         """(lock held) Drop a buffer that is no longer cached; its memory goes back."""
+        # The kept handle refers to the block: break that cycle, or the memory would wait
+        # for the garbage collector.
+        block.spare = None
         bucket = block.bucket
         bucket.allocated -= 1
         self._freed_total += 1

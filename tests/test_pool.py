@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 
 import attrs
@@ -1081,3 +1083,26 @@ def test_a_closure_over_a_view_is_an_escape() -> None:
 def keep_closure(pool: BucketPool) -> Callable[[], torch.Tensor]:
     with pool.acquire(4) as (src, _dst, _sizes):
         return lambda: src
+
+
+def test_trimmed_memory_is_freed_at_once_after_a_with_block() -> None:
+    pool = BucketPool(idle_trim_acquires=0)
+    with pool.acquire(100) as bufs:
+        tensor = weakref.ref(bufs.src_ptrs)
+    del bufs
+    gc.disable()  # no collector: only reference counting may free it
+    try:
+        assert pool.trim(0) == 128 * 24
+        assert tensor() is None
+    finally:
+        gc.enable()
+
+
+def test_eviction_happens_only_when_the_released_buffer_then_fits() -> None:
+    pool = BucketPool(max_cached_bytes=3500, idle_trim_acquires=0)
+    small, a, b, c = (pool.acquire(n) for n in (16, 64, 64, 64))
+    for handle in (small, a, b):
+        handle.release()  # cached: 384 + 2 * 1536 = 3456
+    c.release()  # three 1,536-byte buffers can never fit: c is freed, the rest stays
+    assert [(s.capacity, s.cached) for s in pool.stats().buckets] == [(16, 1), (64, 2)]
+    assert pool.stats().cached_bytes == 3456
