@@ -1034,10 +1034,14 @@ class BucketPool:
         freed = 0
         for bucket in sorted(self._buckets, key=lambda b: b.last_tick):
             while bucket.free and bucket is not keep and self._cached_bytes > max_bytes:
-                self._free(bucket.free.popleft())  # the least recently released first
-                self._cached_bytes -= bucket.nbytes
-                freed += bucket.nbytes
+                freed += self._uncache(bucket)
         return freed
+
+    def _uncache(self, bucket: _Bucket) -> int:
+        """(lock held) Free *bucket*'s least recently released cached buffer; return bytes."""
+        self._free(bucket.free.popleft())
+        self._cached_bytes -= bucket.nbytes
+        return bucket.nbytes
 
     def _sweep(self, tick: int) -> None:
         """(lock held) Retire done parked buffers; trim buckets idle for too long."""
@@ -1049,8 +1053,7 @@ class BucketPool:
                 self._retire_ready(bucket)
             if bucket.free and tick - bucket.last_tick >= self.idle_trim_acquires:
                 while bucket.free:
-                    self._free(bucket.free.pop())
-                    self._cached_bytes -= bucket.nbytes
+                    self._uncache(bucket)
 
     def _sweep_interval(self) -> int:
         # An idle bucket is trimmed at most idle_trim_acquires * 5 / 4 acquires after its

@@ -931,15 +931,20 @@ def check_final_stats(pool: BucketPool, acquires: int) -> None:
     assert pool.outstanding() == []
 
 
-@pytest.mark.usefixtures("frequent_thread_switches")
-def test_threads_hand_off_handles_without_corruption() -> None:
-    pool = BucketPool(
+def threads_pool() -> BucketPool:
+    """Small caps, so that the threads also race on eviction and idle trimming."""
+    return BucketPool(
         min_capacity=4,
         max_capacity=1024,
         max_cached_per_bucket=4,
         max_cached_bytes=16_384,
         idle_trim_acquires=64,
     )
+
+
+@pytest.mark.usefixtures("frequent_thread_switches")
+def test_threads_hand_off_handles_without_corruption() -> None:
+    pool = threads_pool()
     inboxes: list[queue.Queue[InFlight]] = [queue.Queue() for _ in range(THREADS)]
     corrupted: list[str] = []
 
@@ -982,13 +987,7 @@ def test_threads_hand_off_handles_without_corruption() -> None:
 
 @pytest.mark.usefixtures("frequent_thread_switches")
 def test_threads_never_reuse_a_parked_buffer() -> None:
-    pool = BucketPool(
-        min_capacity=4,
-        max_capacity=1024,
-        max_cached_per_bucket=4,
-        max_cached_bytes=16_384,
-        idle_trim_acquires=64,
-    )
+    pool = threads_pool()
     lock = threading.Lock()
     in_flight: Counter[int] = Counter()  # address -> parked buffers there (must stay 0 or 1)
     to_complete: queue.Queue[tuple[FlipEvent, tuple[npt.NDArray[Any], ...], Pattern, int] | None]
