@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from bucketpool._buckets import bucket_capacity
 from bucketpool._errors import (
+    CapacityError,
     EscapedViewError,
     InFlightWriteError,
+    LeakWarning,
     PoolError,
     ReleaseError,
     UseAfterReleaseError,
@@ -17,10 +19,12 @@ __all__ = [
     "BucketPool",
     "BucketStats",
     "BufferHandle",
+    "CapacityError",
     "CompletionEvent",
     "DescriptorBuffers",
     "EscapedViewError",
     "InFlightWriteError",
+    "LeakWarning",
     "PoolError",
     "PoolStats",
     "ReleaseError",

@@ -5,8 +5,10 @@ from __future__ import annotations
 import typing
 
 __all__ = [
+    "CapacityError",
     "EscapedViewError",
     "InFlightWriteError",
+    "LeakWarning",
     "PoolError",
     "ReleaseError",
     "UseAfterReleaseError",
@@ -43,4 +45,24 @@ class EscapedViewError(PoolError):
     """Views of a handle were still referenced when its ``with`` block ended.
 
     Raised at debug level ``strict``; ``checks`` emits a `ResourceWarning` instead.
+    """
+
+
+@typing.final
+class CapacityError(IndexError, ValueError):
+    """Descriptors were written past the entries a buffer has.
+
+    Both an `IndexError` (the entries ``[first, first + k)`` do not fit) and a `ValueError`,
+    which is what the original pool's numpy slice assignment raised, so callers that catch
+    either keep working.  Nothing was written.
+    """
+
+
+@typing.final
+class LeakWarning(UserWarning):
+    """A handle (or a compat triple) was dropped without being released.
+
+    A `UserWarning`, so Python's default filters show it; silence or escalate it the usual
+    way, e.g. ``warnings.simplefilter("error", bucketpool.LeakWarning)``.  Its buffer went
+    back to the pool.
     """
