@@ -12,8 +12,9 @@ from bucketpool._errors import (
     ReleaseError,
     UseAfterReleaseError,
 )
-from bucketpool._pool import BucketPool, BufferHandle, CompletionEvent, DescriptorBuffers
-from bucketpool._stats import BucketStats, PoolStats, Stat
+from bucketpool._handle import BufferHandle, CompletionEvent, DescriptorBuffers
+from bucketpool._pool import BucketPool
+from bucketpool._stats import BucketStats, OutstandingBuffer, PoolStats, Stat
 
 __all__ = [
     "BucketPool",
@@ -25,6 +26,7 @@ __all__ = [
     "EscapedViewError",
     "InFlightWriteError",
     "LeakWarning",
+    "OutstandingBuffer",
     "PoolError",
     "PoolStats",
     "ReleaseError",

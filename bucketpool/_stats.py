@@ -6,7 +6,7 @@ import typing
 
 import attrs
 
-__all__ = ["BucketStats", "PoolStats", "Stat"]
+__all__ = ["BucketStats", "OutstandingBuffer", "PoolStats", "Stat"]
 
 
 @typing.final
@@ -67,6 +67,8 @@ class PoolStats:
         parked: buffers waiting for their events.
         hits: acquires served without allocating.
         misses: acquires that allocated.
+        leaks: handles dropped without release (each reported with a `LeakWarning`; their
+            buffers came back).
         requested_entries: the sum of ``n`` over every acquire.
         rounded_entries: the sum of bucket capacities over every acquire; the difference
             to ``requested_entries`` is the rounding waste.
@@ -82,6 +84,7 @@ class PoolStats:
     parked: int
     hits: int
     misses: int
+    leaks: int
     requested_entries: int
     rounded_entries: int
     buckets: tuple[BucketStats, ...]
@@ -103,7 +106,7 @@ class PoolStats:
         lines.append(
             f"cached_bytes {self.cached_bytes:,}  parked {self.parked} "
             f"({self.parked_bytes:,} bytes)  hits {self.hits:,}  misses {self.misses:,} "
-            f"(hit rate {hit_rate})  rounding waste {waste:,} entries"
+            f"(hit rate {hit_rate})  leaks {self.leaks:,}  rounding waste {waste:,} entries"
         )
         if self.buckets:
             lines.append(
@@ -115,3 +118,20 @@ class PoolStats:
                 for b in self.buckets
             )
         return "\n".join(lines)
+
+
+@typing.final
+@attrs.frozen
+class OutstandingBuffer:
+    """One buffer handed out and not yet released, as `BucketPool.outstanding()` lists it.
+
+    Attributes:
+        n: the entries the hand-out asked for.
+        capacity: the capacity of its bucket.
+        acquired_at: where it was acquired, or `None` when the pool does not trace
+            (make it with ``trace=True`` or a debug level).
+    """
+
+    n: int
+    capacity: int
+    acquired_at: str | None

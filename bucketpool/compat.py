@@ -2,21 +2,31 @@
 
 ``DescriptorBufferPool`` keeps the original three-field API; ``AliasedDescriptorBufferPool``
 keeps the later six-field one (tensors plus numpy aliases and ``add_copies``).  Both are
-backed by a `BucketPool` made with the defaults (so ``BUCKETPOOL_CONF`` applies) and add what
-the originals lacked: tensors of exactly ``n`` entries, errors on double or foreign release,
-bounded memory, and reuse deferred until an ``event`` reports done.
+backed by a `BucketPool` (made with the defaults, so ``BUCKETPOOL_CONF`` applies) and keep
+the original's semantics: ``acquire(n)`` returns a triple of *capacity* >= ``n`` -- the
+whole power-of-two bucket, so callers keep cutting their ``[:n]`` slices -- and the very
+same object comes back for any ``n`` its capacity holds.  They add what the originals
+lacked: `ReleaseError` on a double or foreign release, bounded memory, reuse deferred until
+an ``event`` reports done, and a `LeakWarning` for a triple dropped without release (its
+buffer comes back).
+
+Each triple refers to its hand-out (a `BufferHandle`); the adapter itself keeps nothing of
+what it handed out, so a dropped triple is freed at once, without the garbage collector.
 """
 
 from __future__ import annotations
 
 import typing
+from collections.abc import Iterator
 from typing import NamedTuple, SupportsIndex
 
 import torch
 
 from bucketpool import _fill
+from bucketpool._buffer import Buffer
 from bucketpool._errors import ReleaseError
-from bucketpool._pool import BucketPool, BufferHandle, CompletionEvent, DescriptorBuffers
+from bucketpool._handle import CompletionEvent, DescriptorBuffers
+from bucketpool._pool import BucketPool
 
 __all__ = [
     "AliasedDescriptorBufferPool",
@@ -30,7 +40,7 @@ class AliasedDescriptorBuffers(NamedTuple):
     """vLLM's six-field descriptor buffers: three tensors and numpy aliases of them.
 
     ``src_np``, ``dst_np`` and ``sizes_np`` share memory with ``src_ptrs``, ``dst_ptrs``
-    and ``sizes``; all six have exactly ``n`` entries.
+    and ``sizes``; all six have the same length.
     """
 
     src_ptrs: torch.Tensor
@@ -52,7 +62,8 @@ class AliasedDescriptorBuffers(NamedTuple):
         The same checks as `BufferHandle.add_copies`; a failed call writes nothing.
 
         Raises:
-            IndexError: the copies do not fit in the ``n`` entries.
+            CapacityError: the copies do not fit in the triple's entries; it is both an
+                `IndexError` and the `ValueError` the original raised.
             ValueError: lengths differ, or a byte count is negative.
             TypeError: an input is not integer.
         """
@@ -61,40 +72,79 @@ class AliasedDescriptorBuffers(NamedTuple):
         )
 
 
-_Buffers = typing.TypeVar("_Buffers", DescriptorBuffers, AliasedDescriptorBuffers)
+class _Holding:
+    """What a handed-out tuple knows of its hand-out, in its ``__dict__``.
+
+    ``_buffer`` and ``_token`` name the hand-out (``_buffer`` is None once released, so an
+    idle tuple kept with its buffer makes no reference cycle); ``_owner`` is the pool.
+    Dropping a tuple unreleased reports a leak and takes its buffer back, as for a
+    `BufferHandle`.
+    """
+
+    _buffer: Buffer | None
+    _token: int
+    _owner: BucketPool
+
+    def __del__(self) -> None:
+        buffer = self.__dict__.get("_buffer")
+        if buffer is not None and buffer.token == self._token:
+            self._owner._recover_leak(buffer, self._token)
 
 
-class _Adapter(typing.Generic[_Buffers]):
-    """The bookkeeping both adapters share: which tuple belongs to which handle."""
+# The tuples the adapters hand out: the public classes plus a __dict__ (no __slots__ on
+# purpose) holding the hand-out.
+class _HeldBuffers(DescriptorBuffers, _Holding):
+    pass
 
-    __slots__ = ("_out", "_pool")
 
-    def __init__(self, dtype: torch.dtype) -> None:
-        self._pool = BucketPool(dtype=dtype)
-        # id(tuple) -> (tuple, handle); holding the tuple keeps its id unique while out.
-        self._out: dict[int, tuple[_Buffers, BufferHandle]] = {}
+class _HeldAliasedBuffers(AliasedDescriptorBuffers, _Holding):
+    pass
 
-    @property
-    def pool(self) -> BucketPool:
-        """The `BucketPool` behind the adapter, for `~BucketPool.stats`, `~BucketPool.trim`."""
-        return self._pool
 
-    def acquire(self, n: SupportsIndex) -> _Buffers:
-        """Return buffers of exactly *n* entries.
+for _held, _public in (
+    (_HeldBuffers, DescriptorBuffers),
+    (_HeldAliasedBuffers, AliasedDescriptorBuffers),
+):
+    _held.__name__ = _held.__qualname__ = _public.__name__  # reprs and messages say the public name
 
-        Acquiring the same *n* right after releasing returns the very same object.
+_Held = typing.TypeVar("_Held", _HeldBuffers, _HeldAliasedBuffers)
+
+
+class _Adapter(typing.Generic[_Held]):
+    """What both adapters share: acquire and release through the pool's one path."""
+
+    # No __slots__: tests patch methods on instances (mock.patch.object(pool, "acquire")).
+    _held: type[_Held]
+
+    def __init__(self, *, dtype: torch.dtype = torch.int64) -> None:
+        self.pool = BucketPool(dtype=dtype)
+
+    def acquire(self, n: SupportsIndex) -> _Held:
+        """Return a triple of capacity >= *n* (its bucket's whole capacity).
+
+        The same object comes back for any *n* that the capacity holds, as in the original.
+        Thread-safe.
 
         Raises:
             TypeError: *n* is a bool or not an integer.
             ValueError: *n* is negative or above the pool's ``max_capacity``.
         """
-        handle = self._pool.acquire(n)
-        bufs = self._wrap(handle)
-        self._out[id(bufs)] = (bufs, handle)
+        buffer: Buffer = self.pool._lease(n)
+        bufs = typing.cast("_Held | None", buffer.kept)
+        if bufs is None:
+            whole: tuple[object, ...] = buffer.tensors
+            if self._held is _HeldAliasedBuffers:
+                whole = (*whole, *buffer.arrays)
+            bufs = tuple.__new__(self._held, whole)
+            bufs._owner = self.pool
+        else:
+            buffer.kept = None  # the holder's own field until it releases
+        bufs._token = buffer.token
+        bufs._buffer = buffer
         return bufs
 
-    def release(self, bufs: _Buffers, *, event: CompletionEvent | None = None) -> None:
-        """Return *bufs* to the pool.
+    def release(self, bufs: _Held, *, event: CompletionEvent | None = None) -> None:
+        """Return *bufs* to the pool.  Thread-safe.
 
         Args:
             bufs: what `acquire` returned.
@@ -102,63 +152,92 @@ class _Adapter(typing.Generic[_Buffers]):
                 pass the end event recorded after the ``swap_blocks_batch`` call.
 
         Raises:
-            ReleaseError: *bufs* was released already or did not come from this pool;
+            ReleaseError: *bufs* was released already, or did not come from this pool;
                 nothing changes.
             TypeError: *event* has no ``query()`` method; *bufs* stays acquired.
+            Exception: what ``event.query()`` raised; the release took effect and the
+                buffer stays parked until the event reports done.
         """
-        if event is not None and not callable(getattr(event, "query", None)):
-            raise TypeError(
-                f"event must have a query() -> bool method (torch.Event, torch.cuda.Event), "
-                f"got {type(event).__name__}; the buffers stay acquired"
-            )
-        entry = self._out.pop(id(bufs), None)
-        if entry is None or entry[0] is not bufs:
-            if entry is not None:
-                self._out[id(bufs)] = entry
-            raise ReleaseError(
-                f"release: these {type(bufs).__name__} were already released or were not "
-                "acquired from this pool; release each acquire() result exactly once, into "
-                "the pool that returned it"
-            )
-        handle = entry[1]
+        buffer = bufs.__dict__.get("_buffer") if type(bufs) is self._held else None
+        if buffer is None or bufs._owner is not self.pool:
+            raise ReleaseError(self._refusal(bufs))
+        token = bufs._token
         if event is not None:
-            handle.record_event(event)
-        handle.release()
-        # Nobody outside this adapter ever sees its handles: keep the released one on its
-        # buffer for the next acquire, as a with block does (acquire re-checks that nothing
-        # else refers to it).  Saves finalising and freeing a handle per step.
-        handle._block.spare = handle
+            if not callable(getattr(event, "query", None)):
+                raise TypeError(
+                    "release: event needs a query() -> bool method (torch.Event, "
+                    f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
+                )
+            if buffer.token == token:
+                self.pool._record(buffer, buffer.n, event)
+        bufs._buffer = None  # before the release keeps it with the buffer: no cycle
+        if not self.pool._release(buffer, token, False, bufs):
+            raise ReleaseError(self._refusal(bufs))
 
-    def _wrap(self, handle: BufferHandle) -> _Buffers:
-        raise NotImplementedError
+    @property
+    def _pool(self) -> _IdleBuffers:
+        """The idle buffers, for code that inspects the original's private list.
+
+        Exists only for code and tests written against the original pool, which read its
+        ``_pool`` list: ``len()``, truth and iteration behave like that list of idle
+        triples.  Read-only.
+        """
+        return _IdleBuffers(self.pool)
+
+    def _refusal(self, bufs: object) -> str:
+        name = type(bufs).__name__
+        if type(bufs) is self._held and bufs.__dict__.get("_owner") is self.pool:
+            return (
+                f"release: this {name} was already released; release each acquire() result "
+                "exactly once"
+            )
+        return (
+            f"release: this {name} was not acquired from this pool ({self!r}); release it "
+            "into the pool whose acquire() returned it"
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} at {id(self):#x} backed by {self.pool!r}>"
 
 
 @typing.final
-class DescriptorBufferPool(_Adapter[DescriptorBuffers]):
+class _IdleBuffers:
+    """A read-only, list-like view of a pool's idle buffers (see `_Adapter._pool`)."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BucketPool) -> None:
+        self._pool = pool
+
+    def __len__(self) -> int:
+        return sum(bucket.cached for bucket in self._pool.stats().buckets)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[object]:
+        return iter(self._pool._idle_kept())
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} idle buffers of {self._pool!r}>"
+
+
+@typing.final
+class DescriptorBufferPool(_Adapter[_HeldBuffers]):
     """The original three-field pool's API, backed by a `BucketPool`.
 
-    ``acquire(n)`` returns `DescriptorBuffers` whose tensors have exactly *n* entries (so
-    callers' ``[:n]`` slices keep working); ``release(bufs)`` takes them back.  Thread-safe.
-
-    The adapter keeps every triple it hands out until it is released: the original API has
-    no handle, so a triple dropped without release cannot be told from one still in use and
-    is not reported as a leak.  ``pool.outstanding()`` lists what is out.
+    ``acquire(n)`` returns `DescriptorBuffers` of capacity >= *n*; ``release(bufs)`` takes
+    them back.  Thread-safe.
 
     Args:
         dtype: `torch.int64` (default) or `torch.uint64` (vLLM's XPU pointer dtype).
     """
 
-    __slots__ = ()
-
-    def __init__(self, *, dtype: torch.dtype = torch.int64) -> None:
-        super().__init__(dtype)
-
-    def _wrap(self, handle: BufferHandle) -> DescriptorBuffers:
-        return handle.buffers
+    _held = _HeldBuffers
 
 
 @typing.final
-class AliasedDescriptorBufferPool(_Adapter[AliasedDescriptorBuffers]):
+class AliasedDescriptorBufferPool(_Adapter[_HeldAliasedBuffers]):
     """vLLM's later six-field pool API (numpy aliases, ``add_copies``), backed by a `BucketPool`.
 
     Thread-safe.
@@ -167,18 +246,4 @@ class AliasedDescriptorBufferPool(_Adapter[AliasedDescriptorBuffers]):
         dtype: `torch.int64` (default) or `torch.uint64` (vLLM's XPU pointer dtype).
     """
 
-    __slots__ = ()
-
-    def __init__(self, *, dtype: torch.dtype = torch.int64) -> None:
-        super().__init__(dtype)
-
-    def _wrap(self, handle: BufferHandle) -> AliasedDescriptorBuffers:
-        block = handle._block
-        views = handle.buffers  # resizes the views to n first, which resets block.alias
-        alias = block.alias
-        if type(alias) is AliasedDescriptorBuffers:
-            return alias
-        src_np, dst_np, sizes_np = handle.arrays
-        alias = AliasedDescriptorBuffers(*views, src_np, dst_np, sizes_np)
-        block.alias = alias
-        return alias
+    _held = _HeldAliasedBuffers

@@ -17,23 +17,24 @@ _POINTER_DTYPES = (torch.int64, torch.uint64)
 
 
 def assert_no_outstanding(pool: BucketPool) -> None:
-    """Fail if *pool* has live handles, listing each with where it was acquired.
+    """Fail if *pool* has buffers handed out and not released, listing each.
 
     Use it at the end of a test (or in a fixture's teardown) to catch handles that were
     never released.  Sites are known when the pool traces: make the pool with
-    ``debug="checks"`` or ``trace=True``, or set ``BUCKETPOOL_DEBUG=checks``.
+    ``debug="checks"`` or ``trace=True``, or set ``BUCKETPOOL_DEBUG=checks``.  Import it as
+    ``import bucketpool.testing`` (``import bucketpool`` alone does not load it).
 
     Raises:
-        AssertionError: handles are still out; the message lists them.
+        AssertionError: buffers are still out; the message lists them.
     """
-    handles = pool.outstanding()
-    if not handles:
+    records = pool.outstanding()
+    if not records:
         return
-    lines = [f"{len(handles)} handle(s) still out of {pool!r}:"]
+    lines = [f"{len(records)} buffer(s) still out of {pool!r}:"]
     lines.extend(
-        f"  n={handle.n} (capacity {handle.capacity}) acquired at "
-        f"{handle.acquired_at or '<unknown: use debug=checks or trace=True to record sites>'}"
-        for handle in handles
+        f"  n={record.n} (capacity {record.capacity}) acquired at "
+        f"{record.acquired_at or '<unknown: use debug=checks or trace=True to record sites>'}"
+        for record in records
     )
     raise AssertionError("\n".join(lines))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bucketpool._config import (
+from bucketpool._settings import (
     DEFAULT_IDLE_TRIM_ACQUIRES,
     DEFAULT_MAX_CACHED_BYTES,
     DEFAULT_MAX_CACHED_PER_BUCKET,

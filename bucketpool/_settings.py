@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 import attrs
+import torch
 
 from bucketpool._buckets import DEFAULT_MAX_CAPACITY, DEFAULT_MIN_CAPACITY, check_power_of_two
 
@@ -48,6 +49,9 @@ class Settings:
     idle_trim_acquires: int = DEFAULT_IDLE_TRIM_ACQUIRES
     debug: DebugLevel = "off"
     trace: bool = False
+    dtype: torch.dtype = torch.int64
+    device: torch.device = torch.device("cpu")
+    pin_memory: bool = False
 
 
 _INT_KEYS = (
@@ -81,7 +85,11 @@ def resolve_settings(
     for key, value in explicit.items():
         if value is not None:
             merged[key] = (value, f"argument {key}={value!r}")
-    return _validate(merged)
+    settings = _validate(merged)
+    extra = {
+        k: explicit[k] for k in ("dtype", "device", "pin_memory") if explicit.get(k) is not None
+    }
+    return attrs.evolve(settings, **extra)  # type: ignore[arg-type]
 
 
 def _parse_conf(text: str) -> dict[str, object]:

@@ -1,0 +1,106 @@
+"""The records of the pool's buffers and buckets: plain data, no locking of their own.
+
+Which fields the pool's lock guards is said in `bucketpool._pool`.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from bucketpool import _debug, _fill
+from bucketpool._handle import CompletionEvent, DescriptorBuffers
+
+__all__ = ["ENTRY_BYTES", "FIELDS", "Bucket", "Buffer"]
+
+ENTRY_BYTES = 8
+FIELDS = 3
+
+
+class Bucket:
+    """The buffers of one capacity, with their counters."""
+
+    __slots__ = ("allocated", "capacity", "free", "last_tick", "misses", "nbytes", "takes")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.nbytes = capacity * ENTRY_BYTES * FIELDS
+        # A deque: a list that empties and refills reallocates its array.
+        self.free: collections.deque[Buffer] = collections.deque()
+        self.takes = 0  # acquires served; those that allocated are also misses
+        self.misses = 0
+        self.allocated = 0
+        self.last_tick = 0
+
+
+class Buffer:
+    """One buffer: three full-capacity fields, and one set of views resized to each ``n``."""
+
+    __slots__ = (
+        "arrays",
+        "arrays_n",
+        "bucket",
+        "checksum",
+        "events",
+        "kept",
+        "n",
+        "parked",
+        "poisoned",
+        "released_at",
+        "site",
+        "tensors",
+        "token",
+        "view_arrays",
+        "view_n",
+        "views",
+    )
+
+    bucket: Bucket
+    tensors: tuple[torch.Tensor, ...]
+    arrays: _fill.DescriptorArrays
+    token: int
+    n: int
+    kept: object
+
+    def __init__(self, bucket: Bucket, tensors: tuple[torch.Tensor, ...]) -> None:
+        self.bucket = bucket
+        self.tensors = tensors  # full capacity, never resized
+        self.arrays = (
+            tensors[0].numpy(),
+            tensors[1].numpy(),
+            tensors[2].numpy(),
+        )
+        # One view per field for the buffer's life, resized in place to each n: cheaper
+        # than cutting three new views per hand-out.  Views of the tensors (not from_numpy)
+        # keep a pinned buffer recognisable to PyTorch's host allocator.
+        self.views = DescriptorBuffers(tensors[0][:], tensors[1][:], tensors[2][:])
+        self.view_n = bucket.capacity
+        self.view_arrays = self.arrays
+        self.arrays_n = bucket.capacity
+        self.token = 0  # the hand-out that holds it; 0 when free, parked or freed
+        self.n = 0  # the n of the latest hand-out
+        self.events: list[CompletionEvent] | None = None
+        self.parked = False
+        self.poisoned = 0  # entries holding the poison pattern, at the debug levels
+        self.site: _debug.Site = None  # where the latest hand-out was acquired (tracing)
+        self.released_at: _debug.Site = None
+        self.checksum: int | None = None  # of the first n entries, at the debug levels
+        self.kept = None  # what a compat adapter keeps with the idle buffer
+
+    def narrow(self, n: int) -> DescriptorBuffers:
+        """Resize the views to *n* entries (within the capacity: nothing is reallocated)."""
+        views = self.views
+        views[0].resize_(n)
+        views[1].resize_(n)
+        views[2].resize_(n)
+        self.view_n = n
+        return views
+
+    def narrow_arrays(self, n: int) -> _fill.DescriptorArrays:
+        """Return (and cache) numpy arrays of the first *n* entries."""
+        if self.arrays_n != n:
+            src, dst, sizes = self.arrays
+            self.view_arrays = (src[:n], dst[:n], sizes[:n])
+            self.arrays_n = n
+        return self.view_arrays
