@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from bucketpool import _debug, _fill
@@ -43,6 +45,8 @@ class Buffer:
         "bucket",
         "checksum",
         "events",
+        "guard",
+        "handed_arrays",
         "kept",
         "n",
         "parked",
@@ -63,8 +67,12 @@ class Buffer:
     n: int
     kept: object
 
-    def __init__(self, bucket: Bucket, tensors: tuple[torch.Tensor, ...]) -> None:
+    def __init__(self, bucket: Bucket, tensors: tuple[torch.Tensor, ...], guard: bool) -> None:
         self.bucket = bucket
+        # At debug level strict every hand-out gets views of its own (`_debug.GuardedView`)
+        # instead of the shared ones, and view_n never matches so handles always ask.
+        self.guard = guard
+        self.handed_arrays: list[npt.NDArray[np.integer]] = []
         self.tensors = tensors  # full capacity, never resized
         self.arrays = (
             tensors[0].numpy(),
@@ -75,7 +83,7 @@ class Buffer:
         # than cutting three new views per hand-out.  Views of the tensors (not from_numpy)
         # keep a pinned buffer recognisable to PyTorch's host allocator.
         self.views = DescriptorBuffers(tensors[0][:], tensors[1][:], tensors[2][:])
-        self.view_n = bucket.capacity
+        self.view_n = -1 if guard else bucket.capacity
         self.view_arrays = self.arrays
         self.arrays_n = bucket.capacity
         self.token = 0  # the hand-out that holds it; 0 when free, parked or freed
@@ -89,7 +97,7 @@ class Buffer:
         self.kept = None  # what a compat adapter keeps with the idle buffer
 
     def narrow(self, n: int) -> DescriptorBuffers:
-        """Resize the views to *n* entries (within the capacity: nothing is reallocated)."""
+        """Resize the shared views to *n* entries (within the capacity: nothing moves)."""
         views = self.views
         views[0].resize_(n)
         views[1].resize_(n)
@@ -99,8 +107,20 @@ class Buffer:
 
     def narrow_arrays(self, n: int) -> _fill.DescriptorArrays:
         """Return (and cache) numpy arrays of the first *n* entries."""
+        if self.guard:
+            # Fresh arrays, made read-only when the hand-out ends (`end_hand_out`).
+            src, dst, sizes = self.arrays
+            fresh = (src[:n], dst[:n], sizes[:n])
+            self.handed_arrays.extend(fresh)
+            return fresh
         if self.arrays_n != n:
             src, dst, sizes = self.arrays
             self.view_arrays = (src[:n], dst[:n], sizes[:n])
             self.arrays_n = n
         return self.view_arrays
+
+    def end_hand_out(self) -> None:
+        """(strict) Make the numpy arrays handed out read-only: stale writes then raise."""
+        for array in self.handed_arrays:
+            array.flags.writeable = False
+        self.handed_arrays.clear()

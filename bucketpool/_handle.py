@@ -8,14 +8,15 @@ other way names a token that the pool has already retired, so it can release not
 
 from __future__ import annotations
 
+import operator
 import typing
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple, NoReturn, Protocol
+from typing import TYPE_CHECKING, NamedTuple, NoReturn, Protocol, SupportsIndex
 
 import torch
 
 from bucketpool import _fill
-from bucketpool._debug import format_site
+from bucketpool._debug import format_site, guarded_views
 from bucketpool._errors import ReleaseError
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class BufferHandle:
     """
 
     # A plain __slots__ class: handles are made on the hot path without calling __init__.
-    __slots__ = ("_buffer", "_n", "_pool", "_token")
+    __slots__ = ("_buffer", "_guarded", "_n", "_pool", "_token")
 
     _pool: BucketPool
     _buffer: Buffer
@@ -117,7 +118,7 @@ class BufferHandle:
         if buffer.token != self._token:
             self._refuse("buffers")
         if buffer.view_n != self._n:
-            return buffer.narrow(self._n)
+            return self._views()
         return buffer.views
 
     @property
@@ -138,7 +139,7 @@ class BufferHandle:
         if buffer.token != self._token:
             self._refuse("with")
         if buffer.view_n != self._n:
-            return buffer.narrow(self._n)
+            return self._views()
         return buffer.views
 
     def __exit__(
@@ -175,6 +176,49 @@ class BufferHandle:
         """
         if not self._pool._release(self._buffer, self._token, False):
             raise ReleaseError(self._released_message("release"))
+
+    def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
+        """Shrink the views, in place, to their first *count* entries, and return them.
+
+        A buffer's entries are not cleared between holders: entries a step did not write
+        hold whatever the last holder left.  Pass `swap_blocks_batch` exactly what was
+        written by shrinking to the count that `add_copies` or `add_block_copies` returned::
+
+            with pool.acquire(n) as bufs:
+                written = handle.add_copies(0, sources, destinations, sizes)
+                swap_blocks_batch(*handle.shrink(written))
+
+        The views bound by the ``with`` statement are the ones resized; `n` becomes
+        *count*.  No tensor is created.
+
+        Raises:
+            ReleaseError: the handle has been released.
+            TypeError: *count* is not an integer.
+            ValueError: *count* is negative or above `n`.
+        """
+        if self._buffer.token != self._token:
+            self._refuse("shrink")
+        if isinstance(count, bool):
+            raise TypeError(f"shrink: count must be an integer, not bool ({count!r})")
+        try:
+            k = operator.index(count)
+        except TypeError:
+            raise TypeError(
+                f"shrink: count must be an integer, got {type(count).__name__}; pass the "
+                "index add_copies() returned"
+            ) from None
+        if not 0 <= k <= self._n:
+            raise ValueError(
+                f"shrink: count={k} is outside 0..n={self._n}; views can only shrink (acquire "
+                "a larger handle to write more entries)"
+            )
+        self._n = k
+        if self._buffer.guard:
+            views = self._views()
+            for view in views:
+                view.resize_(k)
+            return views
+        return self._buffer.narrow(k)
 
     def record_event(self, event: CompletionEvent) -> None:
         """Keep the buffer out of reuse until *event* reports done.
@@ -260,6 +304,17 @@ class BufferHandle:
             total_bytes=total_bytes,
             coalesce=coalesce,
         )
+
+    def _views(self) -> DescriptorBuffers:
+        """The views of this hand-out when the shared ones do not fit: resize, or guard."""
+        buffer = self._buffer
+        if not buffer.guard:
+            return buffer.narrow(self._n)
+        views: DescriptorBuffers | None = getattr(self, "_guarded", None)
+        if views is None:
+            views = DescriptorBuffers(*guarded_views(buffer, self._token, self._n))
+            self._guarded = views
+        return views
 
     # -- for the compat adapters ---------------------------------------------------------
 

@@ -57,7 +57,7 @@ from bucketpool._errors import InFlightWriteError, LeakWarning, PoolError, Relea
 from bucketpool._handle import BufferHandle, CompletionEvent
 from bucketpool._parking import Entry, ParkingLot, all_done, wait
 from bucketpool._settings import DebugLevel, Settings, resolve_settings
-from bucketpool._stats import BucketStats, OutstandingBuffer, PoolStats, Stat
+from bucketpool._stats import OutstandingBuffer, PoolStats, build_stats
 
 __all__ = ["BucketPool"]
 
@@ -311,7 +311,7 @@ class BucketPool:
         tensors = tuple(
             _empty(bucket.capacity, dtype=s.dtype, pin_memory=s.pin_memory) for _ in range(FIELDS)
         )
-        return Buffer(bucket, tensors)
+        return Buffer(bucket, tensors, self._level == 2)
 
     def _count_allocation(self, bucket: Bucket) -> None:
         """(lock held) Account a buffer that was just allocated."""
@@ -411,6 +411,8 @@ class BucketPool:
         bucket = buffer.bucket
         self._active -= 1
         self._active_bytes -= bucket.nbytes
+        if buffer.handed_arrays:
+            buffer.end_hand_out()
         problem = None
         if pending:
             self._parked.park(buffer, pending)
@@ -759,7 +761,7 @@ class BucketPool:
                 self._requested_entries,
                 self._leaks,
             )
-        return _make_stats(buckets, parked, held, counters)
+        return build_stats(buckets, parked, held, counters)
 
     def reset_peak_stats(self) -> None:
         """Set every peak to its current value."""
@@ -794,65 +796,6 @@ class BucketPool:
             "tensor.clone()); the new holder is not affected",
             RuntimeWarning,
         )
-
-
-def _make_stats(
-    buckets: list[tuple[int, int, int, int, int, int]],
-    parked: collections.Counter[int],
-    held: collections.Counter[int],
-    counters: tuple[int, ...],
-) -> PoolStats:
-    (
-        active,
-        active_peak,
-        active_bytes,
-        active_bytes_peak,
-        allocations_peak,
-        allocated_bytes_peak,
-        allocations_total,
-        allocated_bytes_total,
-        freed_total,
-        freed_bytes_total,
-        cached_bytes,
-        requested,
-        leaks,
-    ) = counters
-    acquires = sum(b[2] + b[3] for b in buckets)
-    acquired_bytes = sum((b[2] + b[3]) * b[1] for b in buckets)
-    return PoolStats(
-        allocations=Stat(
-            allocations_total - freed_total, allocations_peak, allocations_total, freed_total
-        ),
-        allocated_bytes=Stat(
-            allocated_bytes_total - freed_bytes_total,
-            allocated_bytes_peak,
-            allocated_bytes_total,
-            freed_bytes_total,
-        ),
-        active_requests=Stat(active, active_peak, acquires, acquires - active),
-        active_bytes=Stat(
-            active_bytes, active_bytes_peak, acquired_bytes, acquired_bytes - active_bytes
-        ),
-        cached_bytes=cached_bytes,
-        parked_bytes=sum(parked[b[0]] * b[1] for b in buckets),
-        parked=sum(parked.values()),
-        hits=sum(b[2] for b in buckets),
-        misses=sum(b[3] for b in buckets),
-        leaks=leaks,
-        requested_entries=requested,
-        rounded_entries=sum((b[2] + b[3]) * b[0] for b in buckets),
-        buckets=tuple(
-            BucketStats(
-                capacity=b[0],
-                hits=b[2],
-                misses=b[3],
-                cached=b[5],
-                active=held[b[0]],
-                parked=parked[b[0]],
-            )
-            for b in buckets
-        ),
-    )
 
 
 def _waited(events: list[CompletionEvent]) -> bool:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import typing
 
 import attrs
 
-__all__ = ["BucketStats", "OutstandingBuffer", "PoolStats", "Stat"]
+__all__ = ["BucketStats", "OutstandingBuffer", "PoolStats", "Stat", "build_stats"]
 
 
 @typing.final
@@ -135,3 +136,68 @@ class OutstandingBuffer:
     n: int
     capacity: int
     acquired_at: str | None
+
+
+def build_stats(
+    buckets: list[tuple[int, int, int, int, int, int]],
+    parked: collections.Counter[int],
+    held: collections.Counter[int],
+    counters: tuple[int, ...],
+) -> PoolStats:
+    """Build the records from raw counters that `BucketPool.stats` read under its lock.
+
+    *buckets* holds ``(capacity, nbytes, hits, misses, allocated, cached)`` per used
+    bucket; *parked* and *held* count buffers per capacity; *counters* are the pool's
+    totals in the order `BucketPool.stats` reads them.
+    """
+    (
+        active,
+        active_peak,
+        active_bytes,
+        active_bytes_peak,
+        allocations_peak,
+        allocated_bytes_peak,
+        allocations_total,
+        allocated_bytes_total,
+        freed_total,
+        freed_bytes_total,
+        cached_bytes,
+        requested,
+        leaks,
+    ) = counters
+    acquires = sum(b[2] + b[3] for b in buckets)
+    acquired_bytes = sum((b[2] + b[3]) * b[1] for b in buckets)
+    return PoolStats(
+        allocations=Stat(
+            allocations_total - freed_total, allocations_peak, allocations_total, freed_total
+        ),
+        allocated_bytes=Stat(
+            allocated_bytes_total - freed_bytes_total,
+            allocated_bytes_peak,
+            allocated_bytes_total,
+            freed_bytes_total,
+        ),
+        active_requests=Stat(active, active_peak, acquires, acquires - active),
+        active_bytes=Stat(
+            active_bytes, active_bytes_peak, acquired_bytes, acquired_bytes - active_bytes
+        ),
+        cached_bytes=cached_bytes,
+        parked_bytes=sum(parked[b[0]] * b[1] for b in buckets),
+        parked=sum(parked.values()),
+        hits=sum(b[2] for b in buckets),
+        misses=sum(b[3] for b in buckets),
+        leaks=leaks,
+        requested_entries=requested,
+        rounded_entries=sum((b[2] + b[3]) * b[0] for b in buckets),
+        buckets=tuple(
+            BucketStats(
+                capacity=b[0],
+                hits=b[2],
+                misses=b[3],
+                cached=b[5],
+                active=held[b[0]],
+                parked=parked[b[0]],
+            )
+            for b in buckets
+        ),
+    )

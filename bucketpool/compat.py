@@ -75,20 +75,24 @@ class AliasedDescriptorBuffers(NamedTuple):
 class _Holding:
     """What a handed-out tuple knows of its hand-out, in its ``__dict__``.
 
-    ``_buffer`` and ``_token`` name the hand-out (``_buffer`` is None once released, so an
-    idle tuple kept with its buffer makes no reference cycle); ``_owner`` is the pool.
+    ``_buffer``, ``_token`` and ``_pool`` name the hand-out; ``_buffer`` and ``_pool`` are
+    None once it is released, so an idle tuple kept with its buffer makes no reference
+    cycle.  ``_owner`` is the ``id()`` of the pool, for telling a double release from a
+    foreign tuple in messages.
     Dropping a tuple unreleased reports a leak and takes its buffer back, as for a
     `BufferHandle`.
     """
 
     _buffer: Buffer | None
     _token: int
-    _owner: BucketPool
+    _pool: BucketPool | None
+    _owner: int
 
     def __del__(self) -> None:
         buffer = self.__dict__.get("_buffer")
-        if buffer is not None and buffer.token == self._token:
-            self._owner._recover_leak(buffer, self._token)
+        pool = self.__dict__.get("_pool")
+        if buffer is not None and pool is not None and buffer.token == self._token:
+            pool._recover_leak(buffer, self._token)
 
 
 # The tuples the adapters hand out: the public classes plus a __dict__ (no __slots__ on
@@ -136,10 +140,11 @@ class _Adapter(typing.Generic[_Held]):
             if self._held is _HeldAliasedBuffers:
                 whole = (*whole, *buffer.arrays)
             bufs = tuple.__new__(self._held, whole)
-            bufs._owner = self.pool
+            bufs._owner = id(self.pool)
         else:
             buffer.kept = None  # the holder's own field until it releases
         bufs._token = buffer.token
+        bufs._pool = self.pool
         bufs._buffer = buffer
         return bufs
 
@@ -159,7 +164,7 @@ class _Adapter(typing.Generic[_Held]):
                 buffer stays parked until the event reports done.
         """
         buffer = bufs.__dict__.get("_buffer") if type(bufs) is self._held else None
-        if buffer is None or bufs._owner is not self.pool:
+        if buffer is None or bufs._pool is not self.pool:
             raise ReleaseError(self._refusal(bufs))
         token = bufs._token
         if event is not None:
@@ -170,7 +175,7 @@ class _Adapter(typing.Generic[_Held]):
                 )
             if buffer.token == token:
                 self.pool._record(buffer, buffer.n, event)
-        bufs._buffer = None  # before the release keeps it with the buffer: no cycle
+        bufs._buffer = bufs._pool = None  # before the release keeps it: no cycle
         if not self.pool._release(buffer, token, False, bufs):
             raise ReleaseError(self._refusal(bufs))
 
@@ -186,7 +191,7 @@ class _Adapter(typing.Generic[_Held]):
 
     def _refusal(self, bufs: object) -> str:
         name = type(bufs).__name__
-        if type(bufs) is self._held and bufs.__dict__.get("_owner") is self.pool:
+        if type(bufs) is self._held and bufs.__dict__.get("_owner") == id(self.pool):
             return (
                 f"release: this {name} was already released; release each acquire() result "
                 "exactly once"
