@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from bucketpool._buckets import bucket_capacity
 from bucketpool._errors import (
     CapacityError,
-    EscapedViewError,
     InFlightWriteError,
     LeakWarning,
     PoolError,
@@ -16,6 +17,11 @@ from bucketpool._handle import BufferHandle, CompletionEvent, DescriptorBuffers
 from bucketpool._pool import BucketPool
 from bucketpool._stats import BucketStats, OutstandingBuffer, PoolStats, Stat
 
+try:  # single-sourced: the version is the one in pyproject.toml, as installed
+    __version__ = importlib.metadata.version("bucketpool")
+except importlib.metadata.PackageNotFoundError:  # imported from a checkout, not installed
+    __version__ = "0+unknown"
+
 __all__ = [
     "BucketPool",
     "BucketStats",
@@ -23,7 +29,6 @@ __all__ = [
     "CapacityError",
     "CompletionEvent",
     "DescriptorBuffers",
-    "EscapedViewError",
     "InFlightWriteError",
     "LeakWarning",
     "OutstandingBuffer",
@@ -32,5 +37,6 @@ __all__ = [
     "ReleaseError",
     "Stat",
     "UseAfterReleaseError",
+    "__version__",
     "bucket_capacity",
 ]

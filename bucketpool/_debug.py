@@ -63,6 +63,16 @@ def site(full_stack: bool) -> Site:
     return (frame.f_code.co_filename, frame.f_lineno)
 
 
+def line_of(where: Site) -> tuple[str, int] | None:
+    """Return the file and line of *where* (the innermost frame of a stack), if known."""
+    if where is None:
+        return None
+    if isinstance(where, traceback.StackSummary):
+        frame = where[-1]
+        return (frame.filename, frame.lineno or 0)
+    return where
+
+
 def format_site(where: Site) -> str:
     """Return *where* for a message; say how to record sites when it is unknown."""
     if where is None:

@@ -6,7 +6,6 @@ import typing
 
 __all__ = [
     "CapacityError",
-    "EscapedViewError",
     "InFlightWriteError",
     "LeakWarning",
     "PoolError",
@@ -24,27 +23,20 @@ class PoolError(RuntimeError):
 
 @typing.final
 class ReleaseError(PoolError):
-    """A handle was released twice, into the wrong pool, or used after release."""
+    """A hand-out was released twice, into the wrong pool, or used after its release."""
 
 
 @typing.final
 class UseAfterReleaseError(PoolError):
-    """A released buffer was written through a stale view (debug level ``checks``)."""
+    """A view was used after its hand-out ended (debug level ``strict``)."""
 
 
 @typing.final
 class InFlightWriteError(PoolError):
     """Descriptors were rewritten while a recorded copy could still read them.
 
-    Raised at the next pool call after the copy's events retire (debug level ``checks``).
-    """
-
-
-@typing.final
-class EscapedViewError(PoolError):
-    """Views of a handle were still referenced when its ``with`` block ended.
-
-    Raised at debug level ``strict``; ``checks`` emits a `ResourceWarning` instead.
+    Raised (debug levels) from the owner's `record_event` when an earlier copy is still in
+    flight, or from its `release`, `collect` or `synchronize` when the events retire.
     """
 
 

@@ -194,7 +194,7 @@ class BucketPool:
         self._freed_total = self._freed_bytes_total = 0
         self._requested_entries = 0
         self._leaks = 0
-        self._leak_sites: set[object] = set()
+        self._leak_sites: set[tuple[str, int] | int] = set()
         _pools.add(self)
 
     @property
@@ -514,7 +514,8 @@ class BucketPool:
                 if problem is not None:
                     problems.append(problem)
         for n, where in leaks:
-            key = where if isinstance(where, tuple) else (n, None)
+            line = _debug.line_of(where)
+            key = line or n  # sites unknown: once per n
             if key in self._leak_sites:
                 continue
             self._leak_sites.add(key)
@@ -524,14 +525,24 @@ class BucketPool:
                 "handle.release(); the buffer went back to the pool (reported once per "
                 "acquire site)",
                 LeakWarning,
+                line,
             )
         for problem in problems:
             self._warn(problem, RuntimeWarning)
 
     @staticmethod
-    def _warn(message: str, category: type[Warning]) -> None:
-        with contextlib.suppress(Exception):  # `-W error` must not stop a finaliser's work
-            warnings.warn(message, category, stacklevel=3)
+    def _warn(message: str, category: type[Warning], line: tuple[str, int] | None = None) -> None:
+        """Warn, at *line* (a user's file and line) when known; never raise from here.
+
+        Warnings here report what some earlier code did (a leak, a stale write) and may run
+        in a finaliser or in another caller's operation: ``-W error`` must not turn them
+        into an exception in the wrong place.
+        """
+        with contextlib.suppress(Exception):
+            if line is None:
+                warnings.warn(message, category, stacklevel=3)
+            else:
+                warnings.warn_explicit(message, category, line[0], line[1], module="bucketpool")
 
     # -- parked buffers -----------------------------------------------------------------------
 

@@ -4,14 +4,13 @@ import pytest
 
 import bucketpool
 from bucketpool import (
-    EscapedViewError,
     InFlightWriteError,
     PoolError,
     ReleaseError,
     UseAfterReleaseError,
 )
 
-ERRORS = [ReleaseError, UseAfterReleaseError, InFlightWriteError, EscapedViewError]
+ERRORS = [ReleaseError, UseAfterReleaseError, InFlightWriteError]
 
 
 @pytest.mark.parametrize("error", ERRORS)
@@ -31,3 +30,16 @@ def test_every_error_is_exported() -> None:
     for error in [PoolError, *ERRORS]:
         assert getattr(bucketpool, error.__name__) is error
         assert error.__doc__
+
+
+def test_capacity_error_is_both_index_and_value_error() -> None:
+    assert issubclass(bucketpool.CapacityError, IndexError)
+    assert issubclass(bucketpool.CapacityError, ValueError)
+    with pytest.raises(ValueError, match="x"):
+        raise bucketpool.CapacityError("x")
+
+
+def test_leak_warning_is_shown_by_default() -> None:
+    # The default filters ignore DeprecationWarning, ResourceWarning, ...; not UserWarning.
+    assert issubclass(bucketpool.LeakWarning, UserWarning)
+    assert not issubclass(bucketpool.LeakWarning, ResourceWarning)
