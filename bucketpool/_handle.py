@@ -78,11 +78,13 @@ class BufferHandle:
 
     def __del__(self) -> None:
         try:
-            buffer, token = self._buffer, self._token
+            buffer, token, pool = self._buffer, self._token, self._pool
         except AttributeError:  # never handed out
             return
         if buffer.token == token:  # tokens never come back: a mismatch is final
-            self._pool._recover_leak(buffer, token)
+            # Queued first, in one step: from here on the pool takes the buffer back.
+            pool._inbox.append((buffer, token, True))
+            pool._drain()
 
     # -- what the holder sees -------------------------------------------------------------
 

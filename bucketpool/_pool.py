@@ -235,16 +235,19 @@ class BucketPool:
             PoolError: called from a finaliser or signal handler that interrupted this same
                 thread inside the pool.
         """
-        buffer = self._lease(n)
+        # The handle exists before the hand-out and is filled in under the lock: from then on
+        # its finaliser owns the buffer, also when an exception (a signal handler's
+        # KeyboardInterrupt) unwinds this call before it returns.
         handle = _new_handle(BufferHandle)
         handle._pool = self
-        handle._buffer = buffer
-        handle._token = buffer.token  # the holder reads its own token
-        handle._n = buffer.n
+        self._lease(n, handle)
         return handle
 
-    def _lease(self, n: SupportsIndex) -> Buffer:
-        """Hand a buffer out for *n* entries: the one hand-out path (`acquire`, compat)."""
+    def _lease(self, n: SupportsIndex, handle: BufferHandle | None) -> Buffer:
+        """Hand a buffer out for *n* entries: the one hand-out path (`acquire`, compat).
+
+        *handle*, when given, is made the holder inside the lock.
+        """
         if type(n) is not int or n < 0 or n > self._max_capacity:
             n = check_count(n, self._max_capacity)
         bucket = self._buckets[(n - 1).bit_length() if n > self._min_capacity else self._min_k]
@@ -257,14 +260,19 @@ class BucketPool:
             with lock:
                 free = bucket.free
                 if free:
-                    # The one hand-out: record the holder, count, then take it off the list.
+                    # The one hand-out.  Everything up to `free.pop()` calls nothing, so no
+                    # signal handler can run in between: the holder and the counts are
+                    # recorded before the buffer leaves the free list.
                     self._tick = token = self._tick + 1
                     bucket.last_tick = token
                     bucket.takes += 1
                     buffer = free[-1]
                     buffer.token = token
                     buffer.n = n
-                    self._held.add(buffer)
+                    if handle is not None:
+                        handle._buffer = buffer
+                        handle._token = token
+                        handle._n = n
                     self._active = active = self._active + 1
                     if active > self._active_peak:
                         self._active_peak = active
@@ -274,6 +282,7 @@ class BucketPool:
                     self._cached_bytes -= bucket.nbytes
                     self._requested_entries += n
                     free.pop()
+                    self._held.add(buffer)
                     break
             self._refill(bucket)
         if self._level:
@@ -485,25 +494,24 @@ class BucketPool:
         if self._level:
             buffer.checksum = _debug.checksum(buffer.arrays, n)
 
-    def _recover_leak(self, buffer: Buffer, token: int) -> None:
-        """A handle was dropped unreleased: report it, and take its buffer back."""
-        if self._lock._is_owned():  # type: ignore[attr-defined]
-            # Collected while this thread is inside the pool.
-            self._inbox.append((buffer, token, True))
-            return
-        self._inbox.append((buffer, token, True))
-        self._drain()
-
     def _drain(self) -> None:
-        """Take back what finalisers could not release at once, then report the leaks."""
+        """Take back what finalisers queued (leaks, deferred releases), then report leaks.
+
+        Returns at once when this thread is inside the pool already: the next operation
+        drains.
+        """
         if self._lock._is_owned():  # type: ignore[attr-defined]
             return
         leaks: list[tuple[int, _debug.Site]] = []
         problems: list[str] = []
         with self._lock:
-            while self._inbox:
-                buffer, token, leaked = self._inbox.popleft()
+            inbox = self._inbox
+            while inbox:
+                # Taken off only once handled: an exception in between leaves it queued,
+                # and a second look finds the token gone.
+                buffer, token, leaked = inbox[0]
                 if buffer.token != token:
+                    inbox.popleft()
                     continue  # released in between: nothing to do
                 if leaked:
                     self._leaks += 1
@@ -511,6 +519,7 @@ class BucketPool:
                 # Events are not queried here (no user code under the lock): a buffer
                 # with events parks, and the next poll retires it.
                 problem = self._take_back(buffer, buffer.events)
+                inbox.popleft()
                 if problem is not None:
                     problems.append(problem)
         for n, where in leaks:

@@ -92,7 +92,8 @@ class _Holding:
         buffer = self.__dict__.get("_buffer")
         pool = self.__dict__.get("_pool")
         if buffer is not None and pool is not None and buffer.token == self._token:
-            pool._recover_leak(buffer, self._token)
+            pool._inbox.append((buffer, self._token, True))  # as a BufferHandle's finaliser
+            pool._drain()
 
 
 # The tuples the adapters hand out: the public classes plus a __dict__ (no __slots__ on
@@ -133,7 +134,7 @@ class _Adapter(typing.Generic[_Held]):
             TypeError: *n* is a bool or not an integer.
             ValueError: *n* is negative or above the pool's ``max_capacity``.
         """
-        buffer: Buffer = self.pool._lease(n)
+        buffer: Buffer = self.pool._lease(n, None)
         bufs = typing.cast("_Held | None", buffer.kept)
         if bufs is None:
             whole: tuple[object, ...] = buffer.tensors
