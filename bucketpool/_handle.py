@@ -155,13 +155,19 @@ class BufferHandle:
         Raises:
             ReleaseError: the block released the handle itself and did not raise.
         """
-        if self._pool._release(self._buffer, self._token, exc is not None):
-            return
-        message = self._released_message("end of with block")
         if exc is None:
-            raise ReleaseError(message)
-        # The block is raising anyway: keep its exception, and say what else went wrong.
-        exc.add_note(f"bucketpool: {message}")
+            if not self._pool._release(self._buffer, self._token):
+                raise ReleaseError(self._released_message("end of with block"))
+            return
+        # The block is raising: release all the same, and keep its exception, noting on it
+        # anything else that went wrong.
+        try:
+            released = self._pool._release(self._buffer, self._token)
+        except Exception as error:
+            exc.add_note(f"bucketpool: releasing at the end of the with block: {error!r}")
+            return
+        if not released:
+            exc.add_note(f"bucketpool: {self._released_message('end of with block')}")
 
     def release(self) -> None:
         """Give the buffer back to the pool.
@@ -176,7 +182,7 @@ class BufferHandle:
             Exception: whatever an event's ``query()`` raised; the release took effect and
                 the buffer stays parked until the event reports done.
         """
-        if not self._pool._release(self._buffer, self._token, False):
+        if not self._pool._release(self._buffer, self._token):
             raise ReleaseError(self._released_message("release"))
 
     def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
@@ -332,7 +338,7 @@ class BufferHandle:
 
     def _release_keeping(self, keep: object) -> None:
         """`release`, leaving *keep* with the buffer for its next holder."""
-        if not self._pool._release(self._buffer, self._token, False, keep):
+        if not self._pool._release(self._buffer, self._token, keep):
             raise ReleaseError(self._released_message("release"))
 
     # -- no second holder -----------------------------------------------------------------

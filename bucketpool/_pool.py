@@ -353,18 +353,23 @@ class BucketPool:
             )
         handle.release()
 
-    def _release(self, buffer: Buffer, token: int, quiet: bool, keep: object = None) -> bool:
+    def _release(self, buffer: Buffer, token: int, keep: object = None) -> bool:
         """End the hand-out *token* of *buffer*; the one release path.
 
         Every release comes here: a handle's `release` and ``with`` exit, the compat
-        adapters, and leak recovery (through the inbox).  *keep* stays with the buffer for
-        its next holder (the compat adapters' tuple).  Returns False, changing nothing,
-        when the hand-out was over already.  Raises, after the release took effect, what an
-        event's ``query()`` raised, or (debug levels) `InFlightWriteError`; with *quiet*
-        (a ``with`` block that is raising anyway) those become notes on its exception.
+        adapters; leak recovery goes through the inbox to `_take_back`, as this does.
+        *keep* stays with the buffer for its next holder (the compat adapters' tuple).
+        Returns False, changing nothing, when the hand-out was over already.  Raises,
+        after the release took effect, what an event's ``query()`` raised, or (debug
+        levels) `InFlightWriteError`.
         """
         if buffer.token != token:  # tokens never come back: a mismatch is final
             return False
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            # A finaliser or signal handler that interrupted this thread inside the pool:
+            # no waiting, and no user code; the next operation takes it back.
+            self._inbox.append((buffer, token, False))
+            return True
         events = buffer.events  # only the holder writes them, and the holder is calling
         pending: list[CompletionEvent] | None = None
         error: Exception | None = None
@@ -374,10 +379,6 @@ class BucketPool:
             except Exception as exc:  # user code: the buffer stays parked, the error is theirs
                 pending, error = list(events), exc
         released_at = _debug.site(self._full_stack) if self._tracing else None
-        if self._lock._is_owned():  # type: ignore[attr-defined]
-            # A finaliser or signal handler that interrupted this thread inside the pool.
-            self._inbox.append((buffer, token, False))
-            return True
         with self._lock:
             if buffer.token != token:
                 return False
@@ -403,12 +404,10 @@ class BucketPool:
             buffer.released_at = released_at
             buffer.kept = keep
             problem = self._take_back(buffer, pending)
-        if problem is not None and error is None:
-            error = InFlightWriteError(problem)
         if error is not None:
-            if not quiet:
-                raise error
-            self._warn(f"while a with block was raising: {error!r}", RuntimeWarning)
+            raise error
+        if problem is not None:
+            raise InFlightWriteError(problem)
         return True
 
     def _take_back(self, buffer: Buffer, pending: list[CompletionEvent] | None) -> str | None:

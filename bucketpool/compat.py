@@ -177,7 +177,7 @@ class _Adapter(typing.Generic[_Held]):
             if buffer.token == token:
                 self.pool._record(buffer, buffer.n, event)
         bufs._buffer = bufs._pool = None  # before the release keeps it: no cycle
-        if not self.pool._release(buffer, token, False, bufs):
+        if not self.pool._release(buffer, token, bufs):
             raise ReleaseError(self._refusal(bufs))
 
     @property
