@@ -144,9 +144,9 @@ class BucketPool:
     def __init__(
         self,
         *,
-        dtype: torch.dtype | None = None,
-        device: str | torch.device | None = None,
-        pin_memory: bool | None = None,
+        dtype: torch.dtype = torch.int64,
+        device: str | torch.device = "cpu",
+        pin_memory: bool = False,
         min_capacity: int | None = None,
         max_capacity: int | None = None,
         max_cached_bytes: int | None = None,
@@ -307,6 +307,7 @@ class BucketPool:
                     return
         buffer = self._new_buffer(bucket)  # outside the lock: pinning can take milliseconds
         with self._lock:
+            bucket.last_tick = self._tick  # not idle: the idle sweep must leave it be
             bucket.misses += 1
             self._count_allocation(bucket)
             self._cached_bytes += bucket.nbytes

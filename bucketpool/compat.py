@@ -24,7 +24,7 @@ import torch
 
 from bucketpool import _fill
 from bucketpool._buffer import Buffer
-from bucketpool._errors import ReleaseError
+from bucketpool._errors import InFlightWriteError, ReleaseError
 from bucketpool._handle import CompletionEvent, DescriptorBuffers
 from bucketpool._pool import BucketPool
 
@@ -112,19 +112,19 @@ for _held, _public in (
 ):
     _held.__name__ = _held.__qualname__ = _public.__name__  # reprs and messages say the public name
 
-_Held = typing.TypeVar("_Held", _HeldBuffers, _HeldAliasedBuffers)
+_Buffers = typing.TypeVar("_Buffers", DescriptorBuffers, AliasedDescriptorBuffers)
 
 
-class _Adapter(typing.Generic[_Held]):
+class _Adapter(typing.Generic[_Buffers]):
     """What both adapters share: acquire and release through the pool's one path."""
 
     # No __slots__: tests patch methods on instances (mock.patch.object(pool, "acquire")).
-    _held: type[_Held]
+    _held: type[_HeldBuffers | _HeldAliasedBuffers]
 
     def __init__(self, *, dtype: torch.dtype = torch.int64) -> None:
         self.pool = BucketPool(dtype=dtype)
 
-    def acquire(self, n: SupportsIndex) -> _Held:
+    def acquire(self, n: SupportsIndex) -> _Buffers:
         """Return a triple of capacity >= *n* (its bucket's whole capacity).
 
         The same object comes back for any *n* that the capacity holds, as in the original.
@@ -135,7 +135,7 @@ class _Adapter(typing.Generic[_Held]):
             ValueError: *n* is negative or above the pool's ``max_capacity``.
         """
         buffer: Buffer = self.pool._lease(n, None)
-        bufs = typing.cast("_Held | None", buffer.kept)
+        bufs = typing.cast("_HeldBuffers | _HeldAliasedBuffers | None", buffer.kept)
         if bufs is None:
             whole: tuple[object, ...] = buffer.tensors
             if self._held is _HeldAliasedBuffers:
@@ -147,9 +147,9 @@ class _Adapter(typing.Generic[_Held]):
         bufs._token = buffer.token
         bufs._pool = self.pool
         bufs._buffer = buffer
-        return bufs
+        return typing.cast("_Buffers", bufs)
 
-    def release(self, bufs: _Held, *, event: CompletionEvent | None = None) -> None:
+    def release(self, bufs: _Buffers, *, event: CompletionEvent | None = None) -> None:
         """Return *bufs* to the pool.  Thread-safe.
 
         Args:
@@ -164,10 +164,13 @@ class _Adapter(typing.Generic[_Held]):
             Exception: what ``event.query()`` raised; the release took effect and the
                 buffer stays parked until the event reports done.
         """
-        buffer = bufs.__dict__.get("_buffer") if type(bufs) is self._held else None
-        if buffer is None or bufs._pool is not self.pool:
+        held = bufs if type(bufs) is self._held else None
+        record = held.__dict__ if held is not None else {}
+        buffer: Buffer | None = record.get("_buffer")
+        if held is None or buffer is None or record.get("_pool") is not self.pool:
             raise ReleaseError(self._refusal(bufs))
-        token = bufs._token
+        token: int = record["_token"]
+        problem = None
         if event is not None:
             if not callable(getattr(event, "query", None)):
                 raise TypeError(
@@ -175,10 +178,15 @@ class _Adapter(typing.Generic[_Held]):
                     f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
                 )
             if buffer.token == token:
-                self.pool._record(buffer, buffer.n, event)
-        bufs._buffer = bufs._pool = None  # before the release keeps it: no cycle
-        if not self.pool._release(buffer, token, bufs):
+                try:
+                    self.pool._record(buffer, buffer.n, event)
+                except InFlightWriteError as error:  # recorded all the same: release, then say
+                    problem = error
+        held._buffer = held._pool = None  # before the release keeps it: no cycle
+        if not self.pool._release(buffer, token, held):
             raise ReleaseError(self._refusal(bufs))
+        if problem is not None:
+            raise problem
 
     @property
     def _pool(self) -> _IdleBuffers:
@@ -229,7 +237,7 @@ class _IdleBuffers:
 
 
 @typing.final
-class DescriptorBufferPool(_Adapter[_HeldBuffers]):
+class DescriptorBufferPool(_Adapter[DescriptorBuffers]):
     """The original three-field pool's API, backed by a `BucketPool`.
 
     ``acquire(n)`` returns `DescriptorBuffers` of capacity >= *n*; ``release(bufs)`` takes
@@ -243,7 +251,7 @@ class DescriptorBufferPool(_Adapter[_HeldBuffers]):
 
 
 @typing.final
-class AliasedDescriptorBufferPool(_Adapter[_HeldAliasedBuffers]):
+class AliasedDescriptorBufferPool(_Adapter[AliasedDescriptorBuffers]):
     """vLLM's later six-field pool API (numpy aliases, ``add_copies``), backed by a `BucketPool`.
 
     Thread-safe.

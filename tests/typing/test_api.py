@@ -24,6 +24,7 @@ from bucketpool import (
     BucketStats,
     BufferHandle,
     DescriptorBuffers,
+    OutstandingBuffer,
     PoolError,
     PoolStats,
     ReleaseError,
@@ -72,8 +73,10 @@ def check_pool(pool: BucketPool, n: int) -> None:
     assert_type(handle.add_block_copies(0, 4096, 8192, [0, 1], [5, 6], 64), int)
     assert_type(handle.record_event(Event()), None)
     assert_type(handle.record_event(torch.Event()), None)
+    assert_type(handle.shrink(np.int64(1)), DescriptorBuffers)
     assert_type(handle.release(), None)
     assert_type(pool.release(pool.acquire(1)), None)
+    assert_type(bucketpool.__version__, str)
 
     with pool.acquire(n) as bufs:
         assert_type(bufs, DescriptorBuffers)
@@ -90,12 +93,14 @@ def check_pool(pool: BucketPool, n: int) -> None:
     assert_type(pool.collect(), int)
     assert_type(pool.synchronize(), None)
     assert_type(pool.reserve(64, count=2), None)
-    assert_type(pool.outstanding(), list[BufferHandle])
+    assert_type(pool.outstanding(), list[OutstandingBuffer])
+    assert_type(pool.outstanding()[0].acquired_at, str | None)
     assert_type(pool.bucket_capacity(n), int)
     assert_type(pool.reset_peak_stats(), None)
-    assert_type(pool.dtype, torch.dtype)
-    assert_type(pool.max_capacity, int)
-    assert_type(pool.debug, typing.Literal["off", "checks", "strict"])
+    assert_type(pool.settings.dtype, torch.dtype)
+    assert_type(pool.settings.max_capacity, int)
+    assert_type(pool.settings.debug, typing.Literal["off", "checks", "strict"])
+    pool.settings = pool.settings  # type: ignore[misc]  # read-only
     assert_type(bucket_capacity(n), int)
     assert_type(bucket_capacity(np.int32(n)), int)
 
@@ -116,6 +121,7 @@ def check_stats(pool: BucketPool) -> None:
     assert_type(stats.parked, int)
     assert_type(stats.hits, int)
     assert_type(stats.misses, int)
+    assert_type(stats.leaks, int)
     assert_type(stats.requested_entries, int)
     assert_type(stats.rounded_entries, int)
     assert_type(stats.buckets, tuple[BucketStats, ...])
