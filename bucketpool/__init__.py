@@ -37,6 +37,5 @@ __all__ = [
     "ReleaseError",
     "Stat",
     "UseAfterReleaseError",
-    "__version__",
     "bucket_capacity",
 ]

@@ -130,6 +130,7 @@ class _Owner(typing.NamedTuple):
 _HARMLESS = frozenset({torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.__str__})
 
 
+@typing.final
 class GuardedView(torch.Tensor):
     """A view of a pool buffer that raises `UseAfterReleaseError` once its hand-out ends.
 
