@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import gc
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -26,12 +29,26 @@ def test_reexports_the_same_descriptor_buffers() -> None:
     assert DescriptorBuffers is bucketpool.DescriptorBuffers
 
 
-def test_capacity_is_exactly_n_on_a_fresh_pool() -> None:
+def test_acquire_returns_the_whole_bucket_capacity() -> None:
     pool = DescriptorBufferPool()
     bufs = pool.acquire(5)
     assert isinstance(bufs, DescriptorBuffers)
-    assert [t.numel() for t in bufs] == [5, 5, 5]
+    assert [t.numel() for t in bufs] == [16, 16, 16]  # the smallest bucket
     assert all(t.dtype == torch.int64 for t in bufs)
+    pool.release(bufs)
+    big = pool.acquire(1000)
+    assert [t.numel() for t in big] == [1024, 1024, 1024]
+    pool.release(big)
+
+
+@pytest.mark.parametrize("n", [0, 1, 16, 17, 1000, 1024, 1025])
+def test_capacity_is_a_power_of_two_at_least_n(n: int) -> None:
+    pool = DescriptorBufferPool()
+    bufs = pool.acquire(n)
+    capacity = bufs.src_ptrs.numel()
+    assert capacity >= max(n, 16)
+    assert capacity & (capacity - 1) == 0
+    assert capacity == pool.pool.bucket_capacity(n)
     pool.release(bufs)
 
 
@@ -43,13 +60,26 @@ def test_same_n_after_release_is_the_very_same_object() -> None:
     pool.release(bufs)
 
 
+def test_any_n_of_the_bucket_gets_the_very_same_object() -> None:
+    pool = DescriptorBufferPool()
+    bufs = pool.acquire(20)
+    pool.release(bufs)
+    again = pool.acquire(32)  # the same bucket (capacity 32)
+    assert again is bufs
+    pool.release(again)
+    other = pool.acquire(33)  # the next bucket: another buffer, another tuple
+    assert other is not bufs
+    assert other.src_ptrs.numel() == 64
+    pool.release(other)
+
+
 def test_callers_slices_share_the_pool_memory() -> None:
     pool = DescriptorBufferPool()
     bufs = pool.acquire(9)
     src, _dst, sizes = bufs
     assert src[:9].data_ptr() == bufs.src_ptrs.data_ptr()
     sizes[:9] = 3
-    assert bufs.sizes.tolist() == [3] * 9
+    assert bufs.sizes[:9].tolist() == [3] * 9
     pool.release(bufs)
 
 
@@ -58,7 +88,7 @@ def test_double_release_raises_and_changes_nothing() -> None:
     bufs = pool.acquire(4)
     pool.release(bufs)
     before = pool.pool.stats()
-    with pytest.raises(ReleaseError, match="already released or were not acquired from this pool"):
+    with pytest.raises(ReleaseError, match="was already released"):
         pool.release(bufs)
     assert pool.pool.stats() == before
     first, second = pool.acquire(4), pool.acquire(4)
@@ -67,14 +97,26 @@ def test_double_release_raises_and_changes_nothing() -> None:
     pool.release(second)
 
 
+def test_release_after_the_tuple_was_handed_out_again_is_refused() -> None:
+    pool = DescriptorBufferPool()
+    bufs = pool.acquire(4)
+    pool.release(bufs)
+    again = pool.acquire(4)  # the very same object, a new hand-out
+    assert again is bufs
+    pool.release(again)
+    with pytest.raises(ReleaseError, match="was already released"):
+        pool.release(bufs)
+    assert pool.pool.stats().active_requests.current == 0
+
+
 def test_foreign_triple_raises() -> None:
     pool = DescriptorBufferPool()
     foreign = DescriptorBuffers(*(torch.empty(4, dtype=torch.int64) for _ in range(3)))
-    with pytest.raises(ReleaseError):
+    with pytest.raises(ReleaseError, match="was not acquired from this pool"):
         pool.release(foreign)
     other = DescriptorBufferPool()
     theirs = other.acquire(4)
-    with pytest.raises(ReleaseError):
+    with pytest.raises(ReleaseError, match="was not acquired from this pool"):
         pool.release(theirs)
     other.release(theirs)  # still theirs to release
 
@@ -82,8 +124,9 @@ def test_foreign_triple_raises() -> None:
 def test_a_rebuilt_tuple_is_not_the_acquired_one() -> None:
     pool = DescriptorBufferPool()
     bufs = pool.acquire(4)
-    with pytest.raises(ReleaseError):
+    with pytest.raises(ReleaseError, match="not acquired from this pool"):
         pool.release(DescriptorBuffers(*bufs))
+    assert pool.pool.stats().active_requests.current == 1
     pool.release(bufs)
 
 
@@ -140,10 +183,10 @@ def test_aliased_fields_in_order_and_shared_memory() -> None:
     for tensor, array in zip(bufs[:3], bufs[3:], strict=True):
         assert isinstance(tensor, torch.Tensor)
         assert isinstance(array, np.ndarray)
-        assert tensor.numel() == array.size == 6
+        assert tensor.numel() == array.size == 16
         assert tensor.data_ptr() == array.ctypes.data
-    bufs.src_np[:] = 5
-    assert bufs.src_ptrs.tolist() == [5] * 6
+    bufs.src_np[:6] = 5
+    assert bufs.src_ptrs[:6].tolist() == [5] * 6
     pool.release(bufs)
 
 
@@ -155,7 +198,7 @@ def test_aliased_add_copies_has_the_upstream_meaning() -> None:
     assert bufs.dst_np[1:3].tolist() == [300, 400]
     assert bufs.sizes_np[1:3].tolist() == [64, 64]
     with pytest.raises(IndexError):
-        bufs.add_copies(3, [1, 2], [3, 4], 8)
+        bufs.add_copies(15, [1, 2], [3, 4], 8)  # past the capacity of 16
     pool.release(bufs)
 
 
@@ -167,10 +210,9 @@ def test_aliased_same_n_is_the_same_object_and_dtype_follows() -> None:
     pool.release(bufs)
     assert pool.acquire(11) is bufs
     pool.release(bufs)
-    other = pool.acquire(12)  # same buffer, new n: new tuple of 12
-    assert other is not bufs
-    assert other.src_np.size == 12
-    assert other.src_ptrs.data_ptr() == bufs.src_ptrs.data_ptr()
+    other = pool.acquire(12)  # same bucket, another n: the very same object
+    assert other is bufs
+    assert other.src_np.size == 16
     pool.release(other)
 
 
@@ -181,3 +223,83 @@ def test_aliased_release_rules() -> None:
     with pytest.raises(ReleaseError):
         pool.release(bufs)
     assert pool.pool.stats().parked == 1
+    with pytest.raises(ReleaseError, match="already released"):
+        pool.release(bufs)
+
+
+def test_tuples_are_instances_of_the_public_classes() -> None:
+    plain, aliased = DescriptorBufferPool(), AliasedDescriptorBufferPool()
+    a, b = plain.acquire(3), aliased.acquire(3)
+    assert isinstance(a, DescriptorBuffers)
+    assert isinstance(b, AliasedDescriptorBuffers)
+    assert type(a).__name__ == "DescriptorBuffers"
+    assert {"_buffer", "_token", "_owner"} <= set(vars(a))
+    plain.release(a)
+    aliased.release(b)
+
+
+def drop(pool: DescriptorBufferPool, n: int) -> None:
+    pool.acquire(n)  # never released
+
+
+def test_a_dropped_tuple_warns_and_its_buffer_comes_back() -> None:
+    pool = DescriptorBufferPool()
+    with pytest.warns(bucketpool.LeakWarning, match="n=9 was never released"):
+        drop(pool, 9)
+    stats = pool.pool.stats()
+    assert stats.leaks == 1
+    assert stats.active_requests.current == 0
+    assert stats.buckets[0].cached == 1
+    assert len(pool._pool) == 1
+
+
+def test_the_adapter_keeps_no_reference_to_what_it_handed_out() -> None:
+    pool = DescriptorBufferPool()
+    bufs = pool.acquire(4)
+    pool.release(bufs)
+    held = pool.acquire(4)  # the idle tuple again, now held
+    assert held is bufs
+    del bufs
+    gc.disable()
+    try:
+        with pytest.warns(bucketpool.LeakWarning):
+            del held  # only the caller held it: finalised at once, without the collector
+    finally:
+        gc.enable()
+    assert pool.pool.stats().active_requests.current == 0
+
+
+def test_private_pool_view_behaves_like_the_originals_list() -> None:
+    pool = AliasedDescriptorBufferPool()
+    assert len(pool._pool) == 0
+    assert not pool._pool
+    bufs = [pool.acquire(n) for n in (3, 3, 40)]
+    assert not pool._pool
+    for triple in bufs:
+        pool.release(triple)
+    assert len(pool._pool) == 3
+    assert pool._pool
+    assert {id(t) for t in pool._pool} == {id(t) for t in bufs}
+    with pytest.raises(AttributeError):
+        pool._pool = []  # type: ignore[misc, assignment]
+
+
+def test_instances_can_be_patched() -> None:
+    pool = DescriptorBufferPool()
+    calls: list[int] = []
+    real = pool.acquire
+
+    def counting(n: int) -> DescriptorBuffers:
+        calls.append(n)
+        return real(n)
+
+    with mock.patch.object(pool, "acquire", counting):
+        bufs = pool.acquire(5)
+    assert calls == [5]
+    pool.release(bufs)
+
+
+def test_the_backing_pool_is_a_bucket_pool() -> None:
+    pool = DescriptorBufferPool(dtype=torch.uint64)
+    assert isinstance(pool.pool, bucketpool.BucketPool)
+    assert pool.pool.settings.dtype == torch.uint64

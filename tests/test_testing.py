@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Callable
 from typing import Any
@@ -213,7 +214,7 @@ def test_assert_no_outstanding_lists_what_is_out() -> None:
     with pytest.raises(AssertionError) as caught:
         assert_no_outstanding(pool)
     message = str(caught.value)
-    assert message.startswith("2 handle(s) still out of BucketPool(")
+    assert message.startswith("2 buffer(s) still out of <BucketPool at ")
     assert "n=3 (capacity 16) acquired at " in message
     assert "n=300 (capacity 512) acquired at " in message
     assert message.count("test_testing.py:") == 2
@@ -228,3 +229,29 @@ def test_assert_no_outstanding_says_how_to_get_sites() -> None:
     with pytest.raises(AssertionError, match="use debug=checks or trace=True"):
         assert_no_outstanding(pool)
     handle.release()
+
+
+def test_assert_no_outstanding_sees_buffers_after_gc_freeze() -> None:
+    pool = BucketPool(trace=True)
+    handle = pool.acquire(5)
+    gc.freeze()  # the handle moves to the permanent generation, out of gc's view
+    try:
+        with pytest.raises(
+            AssertionError, match=r"(?s)1 buffer\(s\) still out.*n=5 .*test_testing.py"
+        ):
+            assert_no_outstanding(pool)
+    finally:
+        gc.unfreeze()
+    handle.release()
+    assert_no_outstanding(pool)
+
+
+def test_assert_no_outstanding_lists_the_oldest_first() -> None:
+    pool = BucketPool()
+    handles = [pool.acquire(n) for n in (40, 3, 500)]
+    with pytest.raises(AssertionError) as caught:
+        assert_no_outstanding(pool)
+    lines = str(caught.value).splitlines()[1:]
+    assert [line.split()[0] for line in lines] == ["n=40", "n=3", "n=500"]
+    for handle in handles:
+        handle.release()
