@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, SupportsIndex, TypeAlias
 
 import numpy as np
@@ -38,6 +38,11 @@ _UNSIGNED: dict[int, np.dtype[np.unsignedinteger[Any]]] = {
 }
 # Below this, add_block_copies packs a source and a destination block index into one int64.
 _KEY_LIMIT = 1 << 31
+# The C function itself where numpy exposes it: np.may_share_memory first goes through
+# __array_function__ dispatch, which doubles the cost of this bounds test.
+_may_share_memory: Callable[[IntArray, IntArray], bool] = getattr(
+    np.may_share_memory, "_implementation", np.may_share_memory
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -76,10 +81,14 @@ def add_copies(
     ints and narrower signed dtypes must be non-negative. Byte counts are 0..2**63-1.
 
     Every argument is checked before the first entry is written, so a call that raises leaves
-    *arrays* as they were. Not thread-safe: calls writing the same arrays must not overlap.
+    *arrays* as they were. The inputs may share memory with *arrays* (their own columns, say,
+    to swap the directions): the result is as if every input were read before the first
+    write. Not thread-safe: calls writing the same arrays must not overlap.
 
     Args:
-        arrays: the destination ``(src, dst, sizes)`` arrays, 1-D, int64 or uint64.
+        arrays: the destination ``(src, dst, sizes)`` arrays, 1-D, int64 or uint64. They must
+            not reach the memory of an input array that owns it other than as numpy views of
+            it (``torch.from_numpy(input).numpy()`` would); a pool's arrays are its own.
         first: the first entry to write, ``0 <= first <= len(arrays[0])``.
         sources: *k* source addresses: a 1-D numpy integer array, a CPU integer tensor or a
             sequence of ints. A numpy array whose dtype equals the destination's is written
@@ -123,6 +132,16 @@ def add_copies(
             f"sources and destinations must have the same length, got {k} sources and "
             f"{len(dst)} destinations; pass one destination per source"
         )
+    # As if every input were read before the first write: an input that may share memory
+    # with a column written before it is read (the caller's own columns, say, to swap the
+    # directions) is copied first; each slice assignment handles overlap with its own input.
+    # An input that owns its memory (base None) can only overlap a column that is it or a
+    # numpy view of it, as the columns never view memory that a caller's array owns (the
+    # pool's are its own tensors); testing that first spares the costlier bounds test.
+    if (dst.base is not None or dst is src_arr or src_arr.base is dst) and _may_share_memory(
+        dst, src_arr
+    ):
+        dst = dst.copy()
     counts: IntArray | int
     size_type = size_arr.dtype
     if (
@@ -137,6 +156,14 @@ def add_copies(
         signed = counts if size_type is _I64 else counts.view(_I64)
         if k and signed[signed.argmin()] < 0:
             _reject_byte_counts(counts, signed)
+        if (
+            counts.base is not None
+            or counts is src_arr
+            or counts is dst_arr
+            or src_arr.base is counts
+            or dst_arr.base is counts
+        ) and (_may_share_memory(counts, src_arr) or _may_share_memory(counts, dst_arr)):
+            counts = counts.copy()  # read before the columns it may share are written
     elif type(byte_counts) is int or isinstance(byte_counts, (int, np.integer)):
         counts = _byte_count(byte_counts, "byte_counts")
     else:
@@ -146,7 +173,11 @@ def add_copies(
                 f"byte_counts must have one entry per copy: got {len(counts)} byte counts for "
                 f"{k} sources; pass {k} counts or one integer for every copy"
             )
-    end = _check_span(start, k, len(src_arr), "copies")
+        if _may_share_memory(counts, src_arr) or _may_share_memory(counts, dst_arr):
+            counts = counts.copy()
+    end = start + k
+    if start < 0 or end > len(src_arr):
+        _check_span(start, k, len(src_arr), "copies")
     src_arr[start:end] = src
     dst_arr[start:end] = dst
     size_arr[start:end] = counts
@@ -176,7 +207,9 @@ def add_block_copies(
     in int64 arrays. Block indices are values, never bit patterns: they must be >= 0.
 
     Every argument is checked before the first entry is written, so a call that raises leaves
-    *arrays* as they were. Not thread-safe: calls writing the same arrays must not overlap.
+    *arrays* as they were. The block lists may share memory with *arrays*: the result is as
+    if both were read before the first write. Not thread-safe: calls writing the same arrays
+    must not overlap.
 
     Args:
         arrays: the destination ``(src, dst, sizes)`` arrays, 1-D, int64 or uint64.

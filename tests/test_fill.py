@@ -795,3 +795,109 @@ def test_chained_fills_feed_one_batch() -> None:
     assert torch.equal(region[5 * BLOCK : 7 * BLOCK], a)
     assert torch.equal(region[:BLOCK], b)
     assert int(region[BLOCK : 5 * BLOCK].count_nonzero()) == 0
+
+
+# --- Inputs that share memory with the descriptor arrays ---------------------------------
+
+ALIAS_N = 8
+
+
+def aliased_arrays(dtype: Any, as_tensor: bool) -> tuple[DescriptorArrays, list[Any]]:
+    """Descriptor arrays holding distinct small values, and their columns as inputs."""
+    if as_tensor:
+        tensors, arrays = descriptor_tensors(
+            ALIAS_N, torch.int64 if dtype is np.int64 else torch.uint64
+        )
+        columns: list[Any] = list(tensors)
+    else:
+        arrays = make_arrays(ALIAS_N, dtype)
+        columns = list(arrays)
+    for i, column in enumerate(arrays):
+        column[:] = np.arange(ALIAS_N) * 3 + i + 1
+    return arrays, columns
+
+
+def copy_of(values: Any) -> npt.NDArray[Any]:
+    return values.numpy().copy() if isinstance(values, torch.Tensor) else np.array(values)
+
+
+# Where an input comes from: a column of the descriptor arrays and an offset in it, or None
+# for a fresh array.
+alias_strategy = st.one_of(st.none(), st.tuples(st.integers(0, 2), st.integers(0, 4)))
+
+
+def test_swapping_directions_in_place() -> None:
+    # The case of issue 10: the handle's own columns, the directions swapped.
+    arrays = make_arrays(4)
+    arrays[0][:] = [1, 2, 3, 4]
+    arrays[1][:] = [5, 6, 7, 8]
+    arrays[2][:] = 9
+    assert add_copies(arrays, 0, arrays[1], arrays[0], arrays[2]) == 4
+    assert snapshot(arrays) == [[5, 6, 7, 8], [1, 2, 3, 4], [9] * 4]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.tuples(alias_strategy, alias_strategy, alias_strategy),
+    st.integers(0, 4),
+    st.booleans(),
+    st.sampled_from(DTYPES),
+)
+def test_add_copies_reads_every_input_before_writing(
+    aliases: tuple[tuple[int, int] | None, ...], first: int, as_tensor: bool, dtype: Any
+) -> None:
+    k = 4
+    arrays, columns = aliased_arrays(dtype, as_tensor)
+    inputs = [
+        np.arange(k, dtype=dtype) * 5 + 100 * (i + 1)
+        if alias is None
+        else columns[alias[0]][alias[1] : alias[1] + k]
+        for i, alias in enumerate(aliases)
+    ]
+    # The reference: the same call with every input copied first.
+    expected = (arrays[0].copy(), arrays[1].copy(), arrays[2].copy())
+    copied = [copy_of(v) for v in inputs]
+    assert add_copies(expected, first, copied[0], copied[1], copied[2]) == first + k
+    assert add_copies(arrays, first, inputs[0], inputs[1], inputs[2]) == first + k
+    assert snapshot(arrays) == snapshot(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([([3, 4, 5, 6], [0, 1, 2, 3]), ([0, 1, 5, 6], [2, 3, 0, 1]),
+                     ([6, 3, 5, 0], [1, 4, 2, 7])]),
+    st.tuples(st.integers(0, 2), st.integers(0, 4)),
+    st.tuples(st.integers(0, 2), st.integers(0, 4)),
+    st.integers(0, 4),
+    st.booleans(),
+    st.sampled_from(DTYPES),
+    st.booleans(),
+)  # fmt: skip
+def test_add_block_copies_reads_every_input_before_writing(
+    blocks: tuple[list[int], list[int]],
+    src_alias: tuple[int, int],
+    dst_alias: tuple[int, int],
+    first: int,
+    as_tensor: bool,
+    dtype: Any,
+    coalesce: bool,
+) -> None:
+    k = 4
+    arrays, columns = aliased_arrays(dtype, as_tensor)
+    (src_col, src_at), (dst_col, dst_at) = src_alias, dst_alias
+    if src_col == dst_col and src_at != dst_at:
+        dst_col = (dst_col + 1) % 3  # the two lists would overwrite each other
+    arrays[src_col][src_at : src_at + k] = blocks[0]
+    arrays[dst_col][dst_at : dst_at + k] = blocks[1]
+    src_in = columns[src_col][src_at : src_at + k]
+    dst_in = columns[dst_col][dst_at : dst_at + k]
+    expected = (arrays[0].copy(), arrays[1].copy(), arrays[2].copy())
+    end = add_block_copies(
+        expected, first, 64, 128, copy_of(src_in), copy_of(dst_in), 16,
+        total_bytes=60, coalesce=coalesce,
+    )  # fmt: skip
+    got = add_block_copies(
+        arrays, first, 64, 128, src_in, dst_in, 16, total_bytes=60, coalesce=coalesce
+    )
+    assert got == end
+    assert snapshot(arrays) == snapshot(expected)
