@@ -11,6 +11,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from bucketpool._errors import CapacityError
+
 __all__ = [
     "DescriptorArrays",
     "IntegerInput",
@@ -80,10 +82,12 @@ def add_copies(
     taken as bit patterns, so a negative value there is an address at or above 2**63; Python
     ints and narrower signed dtypes must be non-negative. Byte counts are 0..2**63-1.
 
-    Every argument is checked before the first entry is written, so a call that raises leaves
-    *arrays* as they were. The inputs may share memory with *arrays* (their own columns, say,
-    to swap the directions): the result is as if every input were read before the first
-    write. Not thread-safe: calls writing the same arrays must not overlap.
+    Integer arguments (*first*, a scalar *byte_counts*) take anything `operator.index` takes,
+    numpy integers included, but not bools. Every argument is checked before the first entry
+    is written, so a call that raises leaves *arrays* as they were. The inputs may share
+    memory with *arrays* (their own columns, say, to swap the directions): the result is as
+    if every input were read before the first write. Not thread-safe: calls writing the same
+    arrays must not overlap.
 
     Args:
         arrays: the destination ``(src, dst, sizes)`` arrays, 1-D, int64 or uint64. They must
@@ -101,7 +105,9 @@ def add_copies(
         ``first + k``, the next free entry, so that calls can be chained.
 
     Raises:
-        IndexError: *first* is negative, or ``first + k`` is beyond the arrays' length.
+        CapacityError: ``first + k`` is beyond the arrays' length *n* (an `IndexError` and
+            a `ValueError`); the message names *first*, *k* and *n*.
+        IndexError: *first* is negative.
         TypeError: *first* or a scalar is not an integer (or is a bool); a column is not
             integers (floats, bools, strings, objects) or is a tensor not on the CPU.
         ValueError: a column is not 1-D; the lengths differ; an address is outside
@@ -109,7 +115,7 @@ def add_copies(
 
     """
     src_arr, dst_arr, size_arr = arrays
-    start = first if type(first) is int else _index(first, "first")
+    start = first if type(first) is int else _index(first, "first", "add_copies")
     src_type = src_arr.dtype
     # Fast path: a numpy array already in the destination dtype needs no conversion and no
     # check (every 64-bit pattern is a valid address). Identity of builtin dtypes is cheap.
@@ -129,7 +135,7 @@ def add_copies(
     k = len(src)
     if len(dst) != k:
         raise ValueError(
-            f"sources and destinations must have the same length, got {k} sources and "
+            f"add_copies: sources and destinations must have the same length, got {k} sources and "
             f"{len(dst)} destinations; pass one destination per source"
         )
     # As if every input were read before the first write: an input that may share memory
@@ -165,19 +171,19 @@ def add_copies(
         ) and (_may_share_memory(counts, src_arr) or _may_share_memory(counts, dst_arr)):
             counts = counts.copy()  # read before the columns it may share are written
     elif type(byte_counts) is int or isinstance(byte_counts, (int, np.integer)):
-        counts = _byte_count(byte_counts, "byte_counts")
+        counts = _byte_count(byte_counts, "byte_counts", "add_copies")
     else:
         counts = _byte_counts(byte_counts, size_type)
         if len(counts) != k:
             raise ValueError(
-                f"byte_counts must have one entry per copy: got {len(counts)} byte counts for "
-                f"{k} sources; pass {k} counts or one integer for every copy"
+                f"add_copies: byte_counts must have one entry per copy: got {len(counts)} "
+                f"byte counts for {k} sources; pass {k} counts or one integer for every copy"
             )
         if _may_share_memory(counts, src_arr) or _may_share_memory(counts, dst_arr):
             counts = counts.copy()
     end = start + k
     if start < 0 or end > len(src_arr):
-        _check_span(start, k, len(src_arr), "copies")
+        _check_span("add_copies", start, k, len(src_arr), "copies")
     src_arr[start:end] = src
     dst_arr[start:end] = dst
     size_arr[start:end] = counts
@@ -206,8 +212,10 @@ def add_block_copies(
     included, and stored as in `add_copies`: as values in uint64 arrays and as bit patterns
     in int64 arrays. Block indices are values, never bit patterns: they must be >= 0.
 
-    Every argument is checked before the first entry is written, so a call that raises leaves
-    *arrays* as they were. The block lists may share memory with *arrays*: the result is as
+    Integer arguments (*first*, the bases, *block_bytes*, *total_bytes*) take anything
+    `operator.index` takes, numpy integers included, but not bools. Every argument is checked
+    before the first entry is written, so a call that raises leaves *arrays* as they were.
+    The block lists may share memory with *arrays*: the result is as
     if both were read before the first write. Not thread-safe: calls writing the same arrays
     must not overlap.
 
@@ -230,7 +238,9 @@ def add_block_copies(
         The next free entry: *first* plus the number of descriptors written.
 
     Raises:
-        IndexError: *first* is negative, or the descriptors do not fit after *first*.
+        CapacityError: the descriptors do not fit after *first* (an `IndexError` and a
+            `ValueError`); the message names *first*, the number of descriptors and *n*.
+        IndexError: *first* is negative.
         TypeError: a scalar is not an integer (or is a bool); a block list is not integers or
             is a tensor not on the CPU.
         ValueError: a block list is not 1-D or the lengths differ; a block index is negative;
@@ -239,15 +249,19 @@ def add_block_copies(
 
     """
     src_arr, dst_arr, size_arr = arrays
-    start = first if type(first) is int else _index(first, "first")
-    src_start = src_base if type(src_base) is int else _index(src_base, "src_base")
-    dst_start = dst_base if type(dst_base) is int else _index(dst_base, "dst_base")
+    op = "add_block_copies"
+    start = first if type(first) is int else _index(first, "first", op)
+    src_start = src_base if type(src_base) is int else _index(src_base, "src_base", op)
+    dst_start = dst_base if type(dst_base) is int else _index(dst_base, "dst_base", op)
     if not (0 <= src_start <= _MAX_ADDRESS and 0 <= dst_start <= _MAX_ADDRESS):
-        _address(src_start, "src_base")
-        _address(dst_start, "dst_base")
-    step = block_bytes if type(block_bytes) is int else _index(block_bytes, "block_bytes")
+        _address(src_start, "src_base", op)
+        _address(dst_start, "dst_base", op)
+    step = block_bytes if type(block_bytes) is int else _index(block_bytes, "block_bytes", op)
     if not 0 < step <= _MAX_BYTES:
-        raise ValueError(f"block_bytes must be in 1..2**63-1, got {step}")
+        raise ValueError(
+            f"{op}: block_bytes must be in 1..2**63-1, got block_bytes={step}; pass the size "
+            "of one block in bytes"
+        )
     # At 1,024 blocks a call costs its dozen numpy calls (0.25 us each before any work, and
     # 0.1-0.25 us of work) plus about 2 us of Python: the checks and steps below are the
     # ones with the fewest calls that measured fastest. The common input, 1-D native int64
@@ -263,22 +277,22 @@ def add_block_copies(
     count = len(src_idx)
     if len(dst_idx) != count:
         raise ValueError(
-            f"src_blocks and dst_blocks must have the same length, got {count} source blocks "
+            f"{op}: src_blocks and dst_blocks must have the same length, got {count} source blocks "
             f"and {len(dst_idx)} destination blocks; pass one destination block per source block"
         )
     trim = 0
     if total_bytes is not None:
-        total = _index(total_bytes, "total_bytes")
+        total = _index(total_bytes, "total_bytes", op)
         if total < 0 or not (count - 1) * step < total <= count * step:
             lowest = max(0, (count - 1) * step + 1)
             raise ValueError(
-                f"total_bytes={total} does not fit {count} blocks of {step} bytes: it must be "
-                f"in {lowest}..{count * step} (every block but the last is copied whole); "
+                f"{op}: total_bytes={total} does not fit {count} blocks of {step} bytes: it "
+                f"must be in {lowest}..{count * step} (every block but the last is copied whole); "
                 "pass None to copy whole blocks"
             )
         trim = count * step - total
     if count == 0:
-        return _check_span(start, 0, len(src_arr), "descriptors")
+        return _check_span(op, start, 0, len(src_arr), "descriptors")
 
     if src_idx.dtype is _I64 and dst_idx.dtype is _I64:
         src = src_idx
@@ -329,7 +343,7 @@ def add_block_copies(
             runs = 1 + int(np.count_nonzero(breaks))
     end = start + runs
     if start < 0 or end > len(src_arr):
-        _check_span(start, runs, len(src_arr), "descriptors")
+        _check_span(op, start, runs, len(src_arr), "descriptors")
 
     # Everything is checked: from here on nothing raises. Each input is read before an
     # output it might share memory with is written (the caller may pass any arrays).
@@ -380,40 +394,46 @@ def add_block_copies(
     return end
 
 
-def _index(value: object, name: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, not bool ({value!r})")
+def _index(value: object, name: str, op: str) -> int:
+    """Return *value* as an int: anything `operator.index` takes (numpy integers), not bools."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            f"{op}: {name} must be an integer, not bool ({name}={value!r}); pass an int"
+        )
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(
-            f"{name} must be an integer, not {type(value).__name__} ({value!r})"
+            f"{op}: {name} must be an integer, not {type(value).__name__} ({name}={value!r}); "
+            "pass an int or a numpy integer"
         ) from None
 
 
-def _check_span(first: int, k: int, n: int, what: str) -> int:
+def _check_span(op: str, first: int, k: int, n: int, what: str) -> int:
+    """Return ``first + k``, checking that entries ``[first, first + k)`` exist."""
     if first < 0:
-        raise IndexError(f"first must be >= 0, got first={first}")
+        raise IndexError(f"{op}: first must be >= 0, got first={first}")
     end = first + k
     if end > n:
-        raise IndexError(
-            f"{k} {what} starting at first={first} need entries up to {end}, but the buffers "
-            f"hold n={n}; acquire at least {end} entries or split the batch"
+        raise CapacityError(
+            f"{op}: k={k} {what} starting at first={first} need entries up to {end}, but the "
+            f"buffers hold n={n}; nothing was written: acquire at least {end} entries, or "
+            "split the batch"
         )
     return end
 
 
-def _address(value: object, name: str) -> int:
-    address = value if type(value) is int else _index(value, name)
+def _address(value: object, name: str, op: str) -> int:
+    address = value if type(value) is int else _index(value, name, op)
     if not 0 <= address <= _MAX_ADDRESS:
-        raise ValueError(f"{name} must be an address in 0..2**64-1, got {address}")
+        raise ValueError(f"{op}: {name} must be an address in 0..2**64-1, got {name}={address}")
     return address
 
 
-def _byte_count(value: object, name: str) -> int:
-    count = _index(value, name)
+def _byte_count(value: object, name: str, op: str) -> int:
+    count = value if type(value) is int else _index(value, name, op)
     if not 0 <= count <= _MAX_BYTES:
-        raise ValueError(f"{name} must be a byte count in 0..2**63-1, got {count}")
+        raise ValueError(f"{op}: {name} must be a byte count in 0..2**63-1, got {name}={count}")
     return count
 
 
