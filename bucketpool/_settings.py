@@ -333,8 +333,9 @@ def _parse(key: str, raw: str, where: str) -> object:
 def _check(key: str, value: object, where: str) -> None:
     """Run one setting's converter and validator, naming where a rejected value came from."""
     field = _FIELDS[key]
+    converter = field.converter
     try:
-        converted = field.converter(value) if field.converter is not None else value  # type: ignore[operator]
+        converted = value if converter is None else converter(value)  # type: ignore[operator]
         if field.validator is not None:
             field.validator(None, field, converted)
     except (TypeError, ValueError, RuntimeError) as error:
