@@ -51,15 +51,30 @@ def check_count(n: object, max_capacity: int = DEFAULT_MAX_CAPACITY) -> int:
 
 
 def check_power_of_two(name: str, value: object) -> int:
-    """Return *value* if it is a positive power of two, else raise `ValueError`."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be a power-of-two int, got {value!r}")
-    if value < 1 or value & (value - 1):
+    """Return *value* as a plain int if it is a positive power of two.
+
+    Args:
+        name: the setting's name, for the messages.
+        value: anything `operator.index` accepts (int, numpy integer), except `bool`.
+
+    Raises:
+        TypeError: *value* is a `bool` or not an integer.
+        ValueError: *value* is not a power of two >= 1; the message gives the nearest.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a power-of-two int, not bool ({value!r})")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a power-of-two int, not {type(value).__name__} ({value!r})"
+        ) from None
+    if number < 1 or number & (number - 1):
         raise ValueError(
-            f"{name} must be a power of two >= 1, got {value}; "
-            f"the nearest are {_floor_pow2(value)} and {_ceil_pow2(value)}"
+            f"{name} must be a power of two >= 1, got {number}; "
+            f"the nearest are {_floor_pow2(number)} and {_ceil_pow2(number)}"
         )
-    return value
+    return number
 
 
 def bucket_capacity(n: SupportsIndex) -> int:

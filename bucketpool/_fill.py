@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, SupportsIndex, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from bucketpool._errors import CapacityError
 
 __all__ = [
     "DescriptorArrays",
@@ -38,6 +40,11 @@ _UNSIGNED: dict[int, np.dtype[np.unsignedinteger[Any]]] = {
 }
 # Below this, add_block_copies packs a source and a destination block index into one int64.
 _KEY_LIMIT = 1 << 31
+# The C function itself where numpy exposes it: np.may_share_memory first goes through
+# __array_function__ dispatch, which doubles the cost of this bounds test.
+_may_share_memory: Callable[[IntArray, IntArray], bool] = getattr(
+    np.may_share_memory, "_implementation", np.may_share_memory
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -75,11 +82,17 @@ def add_copies(
     taken as bit patterns, so a negative value there is an address at or above 2**63; Python
     ints and narrower signed dtypes must be non-negative. Byte counts are 0..2**63-1.
 
-    Every argument is checked before the first entry is written, so a call that raises leaves
-    *arrays* as they were. Not thread-safe: calls writing the same arrays must not overlap.
+    Integer arguments (*first*, a scalar *byte_counts*) take anything `operator.index` takes,
+    numpy integers included, but not bools. Every argument is checked before the first entry
+    is written, so a call that raises leaves *arrays* as they were. The inputs may share
+    memory with *arrays* (their own columns, say, to swap the directions): the result is as
+    if every input were read before the first write. Not thread-safe: calls writing the same
+    arrays must not overlap.
 
     Args:
-        arrays: the destination ``(src, dst, sizes)`` arrays, 1-D, int64 or uint64.
+        arrays: the destination ``(src, dst, sizes)`` arrays, 1-D, int64 or uint64. They must
+            not reach the memory of an input array that owns it other than as numpy views of
+            it (``torch.from_numpy(input).numpy()`` would); a pool's arrays are its own.
         first: the first entry to write, ``0 <= first <= len(arrays[0])``.
         sources: *k* source addresses: a 1-D numpy integer array, a CPU integer tensor or a
             sequence of ints. A numpy array whose dtype equals the destination's is written
@@ -92,7 +105,9 @@ def add_copies(
         ``first + k``, the next free entry, so that calls can be chained.
 
     Raises:
-        IndexError: *first* is negative, or ``first + k`` is beyond the arrays' length.
+        CapacityError: ``first + k`` is beyond the arrays' length *n* (an `IndexError` and
+            a `ValueError`); the message names *first*, *k* and *n*.
+        IndexError: *first* is negative.
         TypeError: *first* or a scalar is not an integer (or is a bool); a column is not
             integers (floats, bools, strings, objects) or is a tensor not on the CPU.
         ValueError: a column is not 1-D; the lengths differ; an address is outside
@@ -100,7 +115,7 @@ def add_copies(
 
     """
     src_arr, dst_arr, size_arr = arrays
-    start = first if type(first) is int else _index(first, "first")
+    start = first if type(first) is int else _index(first, "first", "add_copies")
     src_type = src_arr.dtype
     # Fast path: a numpy array already in the destination dtype needs no conversion and no
     # check (every 64-bit pattern is a valid address). Identity of builtin dtypes is cheap.
@@ -120,9 +135,19 @@ def add_copies(
     k = len(src)
     if len(dst) != k:
         raise ValueError(
-            f"sources and destinations must have the same length, got {k} sources and "
+            f"add_copies: sources and destinations must have the same length, got {k} sources and "
             f"{len(dst)} destinations; pass one destination per source"
         )
+    # As if every input were read before the first write: an input that may share memory
+    # with a column written before it is read (the caller's own columns, say, to swap the
+    # directions) is copied first; each slice assignment handles overlap with its own input.
+    # An input that owns its memory (base None) can only overlap a column that is it or a
+    # numpy view of it, as the columns never view memory that a caller's array owns (the
+    # pool's are its own tensors); testing that first spares the costlier bounds test.
+    if (dst.base is not None or dst is src_arr or src_arr.base is dst) and _may_share_memory(
+        dst, src_arr
+    ):
+        dst = dst.copy()
     counts: IntArray | int
     size_type = size_arr.dtype
     if (
@@ -137,16 +162,28 @@ def add_copies(
         signed = counts if size_type is _I64 else counts.view(_I64)
         if k and signed[signed.argmin()] < 0:
             _reject_byte_counts(counts, signed)
+        if (
+            counts.base is not None
+            or counts is src_arr
+            or counts is dst_arr
+            or src_arr.base is counts
+            or dst_arr.base is counts
+        ) and (_may_share_memory(counts, src_arr) or _may_share_memory(counts, dst_arr)):
+            counts = counts.copy()  # read before the columns it may share are written
     elif type(byte_counts) is int or isinstance(byte_counts, (int, np.integer)):
-        counts = _byte_count(byte_counts, "byte_counts")
+        counts = _byte_count(byte_counts, "byte_counts", "add_copies")
     else:
         counts = _byte_counts(byte_counts, size_type)
         if len(counts) != k:
             raise ValueError(
-                f"byte_counts must have one entry per copy: got {len(counts)} byte counts for "
-                f"{k} sources; pass {k} counts or one integer for every copy"
+                f"add_copies: byte_counts must have one entry per copy: got {len(counts)} "
+                f"byte counts for {k} sources; pass {k} counts or one integer for every copy"
             )
-    end = _check_span(start, k, len(src_arr), "copies")
+        if _may_share_memory(counts, src_arr) or _may_share_memory(counts, dst_arr):
+            counts = counts.copy()
+    end = start + k
+    if start < 0 or end > len(src_arr):
+        _check_span("add_copies", start, k, len(src_arr), "copies")
     src_arr[start:end] = src
     dst_arr[start:end] = dst
     size_arr[start:end] = counts
@@ -175,8 +212,12 @@ def add_block_copies(
     included, and stored as in `add_copies`: as values in uint64 arrays and as bit patterns
     in int64 arrays. Block indices are values, never bit patterns: they must be >= 0.
 
-    Every argument is checked before the first entry is written, so a call that raises leaves
-    *arrays* as they were. Not thread-safe: calls writing the same arrays must not overlap.
+    Integer arguments (*first*, the bases, *block_bytes*, *total_bytes*) take anything
+    `operator.index` takes, numpy integers included, but not bools. Every argument is checked
+    before the first entry is written, so a call that raises leaves *arrays* as they were.
+    The block lists may share memory with *arrays*: the result is as
+    if both were read before the first write. Not thread-safe: calls writing the same arrays
+    must not overlap.
 
     Args:
         arrays: the destination ``(src, dst, sizes)`` arrays, 1-D, int64 or uint64.
@@ -197,7 +238,9 @@ def add_block_copies(
         The next free entry: *first* plus the number of descriptors written.
 
     Raises:
-        IndexError: *first* is negative, or the descriptors do not fit after *first*.
+        CapacityError: the descriptors do not fit after *first* (an `IndexError` and a
+            `ValueError`); the message names *first*, the number of descriptors and *n*.
+        IndexError: *first* is negative.
         TypeError: a scalar is not an integer (or is a bool); a block list is not integers or
             is a tensor not on the CPU.
         ValueError: a block list is not 1-D or the lengths differ; a block index is negative;
@@ -206,15 +249,19 @@ def add_block_copies(
 
     """
     src_arr, dst_arr, size_arr = arrays
-    start = first if type(first) is int else _index(first, "first")
-    src_start = src_base if type(src_base) is int else _index(src_base, "src_base")
-    dst_start = dst_base if type(dst_base) is int else _index(dst_base, "dst_base")
+    op = "add_block_copies"
+    start = first if type(first) is int else _index(first, "first", op)
+    src_start = src_base if type(src_base) is int else _index(src_base, "src_base", op)
+    dst_start = dst_base if type(dst_base) is int else _index(dst_base, "dst_base", op)
     if not (0 <= src_start <= _MAX_ADDRESS and 0 <= dst_start <= _MAX_ADDRESS):
-        _address(src_start, "src_base")
-        _address(dst_start, "dst_base")
-    step = block_bytes if type(block_bytes) is int else _index(block_bytes, "block_bytes")
+        _address(src_start, "src_base", op)
+        _address(dst_start, "dst_base", op)
+    step = block_bytes if type(block_bytes) is int else _index(block_bytes, "block_bytes", op)
     if not 0 < step <= _MAX_BYTES:
-        raise ValueError(f"block_bytes must be in 1..2**63-1, got {step}")
+        raise ValueError(
+            f"{op}: block_bytes must be in 1..2**63-1, got block_bytes={step}; pass the size "
+            "of one block in bytes"
+        )
     # At 1,024 blocks a call costs its dozen numpy calls (0.25 us each before any work, and
     # 0.1-0.25 us of work) plus about 2 us of Python: the checks and steps below are the
     # ones with the fewest calls that measured fastest. The common input, 1-D native int64
@@ -230,22 +277,22 @@ def add_block_copies(
     count = len(src_idx)
     if len(dst_idx) != count:
         raise ValueError(
-            f"src_blocks and dst_blocks must have the same length, got {count} source blocks "
+            f"{op}: src_blocks and dst_blocks must have the same length, got {count} source blocks "
             f"and {len(dst_idx)} destination blocks; pass one destination block per source block"
         )
     trim = 0
     if total_bytes is not None:
-        total = _index(total_bytes, "total_bytes")
+        total = _index(total_bytes, "total_bytes", op)
         if total < 0 or not (count - 1) * step < total <= count * step:
             lowest = max(0, (count - 1) * step + 1)
             raise ValueError(
-                f"total_bytes={total} does not fit {count} blocks of {step} bytes: it must be "
-                f"in {lowest}..{count * step} (every block but the last is copied whole); "
+                f"{op}: total_bytes={total} does not fit {count} blocks of {step} bytes: it "
+                f"must be in {lowest}..{count * step} (every block but the last is copied whole); "
                 "pass None to copy whole blocks"
             )
         trim = count * step - total
     if count == 0:
-        return _check_span(start, 0, len(src_arr), "descriptors")
+        return _check_span(op, start, 0, len(src_arr), "descriptors")
 
     if src_idx.dtype is _I64 and dst_idx.dtype is _I64:
         src = src_idx
@@ -296,7 +343,7 @@ def add_block_copies(
             runs = 1 + int(np.count_nonzero(breaks))
     end = start + runs
     if start < 0 or end > len(src_arr):
-        _check_span(start, runs, len(src_arr), "descriptors")
+        _check_span(op, start, runs, len(src_arr), "descriptors")
 
     # Everything is checked: from here on nothing raises. Each input is read before an
     # output it might share memory with is written (the caller may pass any arrays).
@@ -347,40 +394,46 @@ def add_block_copies(
     return end
 
 
-def _index(value: object, name: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, not bool ({value!r})")
+def _index(value: object, name: str, op: str) -> int:
+    """Return *value* as an int: anything `operator.index` takes (numpy integers), not bools."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            f"{op}: {name} must be an integer, not bool ({name}={value!r}); pass an int"
+        )
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(
-            f"{name} must be an integer, not {type(value).__name__} ({value!r})"
+            f"{op}: {name} must be an integer, not {type(value).__name__} ({name}={value!r}); "
+            "pass an int or a numpy integer"
         ) from None
 
 
-def _check_span(first: int, k: int, n: int, what: str) -> int:
+def _check_span(op: str, first: int, k: int, n: int, what: str) -> int:
+    """Return ``first + k``, checking that entries ``[first, first + k)`` exist."""
     if first < 0:
-        raise IndexError(f"first must be >= 0, got first={first}")
+        raise IndexError(f"{op}: first must be >= 0, got first={first}")
     end = first + k
     if end > n:
-        raise IndexError(
-            f"{k} {what} starting at first={first} need entries up to {end}, but the buffers "
-            f"hold n={n}; acquire at least {end} entries or split the batch"
+        raise CapacityError(
+            f"{op}: k={k} {what} starting at first={first} need entries up to {end}, but the "
+            f"buffers hold n={n}; nothing was written: acquire at least {end} entries, or "
+            "split the batch"
         )
     return end
 
 
-def _address(value: object, name: str) -> int:
-    address = value if type(value) is int else _index(value, name)
+def _address(value: object, name: str, op: str) -> int:
+    address = value if type(value) is int else _index(value, name, op)
     if not 0 <= address <= _MAX_ADDRESS:
-        raise ValueError(f"{name} must be an address in 0..2**64-1, got {address}")
+        raise ValueError(f"{op}: {name} must be an address in 0..2**64-1, got {name}={address}")
     return address
 
 
-def _byte_count(value: object, name: str) -> int:
-    count = _index(value, name)
+def _byte_count(value: object, name: str, op: str) -> int:
+    count = value if type(value) is int else _index(value, name, op)
     if not 0 <= count <= _MAX_BYTES:
-        raise ValueError(f"{name} must be a byte count in 0..2**63-1, got {count}")
+        raise ValueError(f"{op}: {name} must be a byte count in 0..2**63-1, got {name}={count}")
     return count
 
 

@@ -87,9 +87,16 @@ def test_negative_is_value_error() -> None:
         bucket_capacity(-1)
 
 
-@pytest.mark.parametrize("value", [1, 2, 1024, 1 << 40])
+@pytest.mark.parametrize("value", [1, 2, 1024, 1 << 40, 1 << 100])
 def test_powers_of_two_pass(value: int) -> None:
     assert check_power_of_two("x", value) == value
+
+
+@pytest.mark.parametrize("value", [np.int64(64), np.uint32(64), np.int8(64)])
+def test_numpy_powers_of_two_pass_as_plain_ints(value: object) -> None:
+    checked = check_power_of_two("x", value)
+    assert checked == 64
+    assert type(checked) is int
 
 
 @pytest.mark.parametrize(
@@ -98,10 +105,22 @@ def test_powers_of_two_pass(value: int) -> None:
         (0, "x must be a power of two >= 1, got 0"),
         (-4, "x must be a power of two >= 1, got -4"),
         (24, "got 24; the nearest are 16 and 32"),
-        (True, "x must be a power-of-two int, got True"),
-        (2.0, "x must be a power-of-two int, got 2.0"),
+        (np.int64(24), "got 24; the nearest are 16 and 32"),
     ],
 )
 def test_non_powers_of_two_fail(value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
+        check_power_of_two("x", value)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (True, r"x must be a power-of-two int, not bool \(True\)"),
+        (2.0, r"x must be a power-of-two int, not float \(2.0\)"),
+        ("16", r"x must be a power-of-two int, not str \('16'\)"),
+    ],
+)
+def test_non_integer_powers_are_type_errors(value: object, message: str) -> None:
+    with pytest.raises(TypeError, match=message):
         check_power_of_two("x", value)

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bucketpool._errors import CapacityError
 from bucketpool._fill import DescriptorArrays, add_block_copies, add_copies
 from bucketpool.testing import swap_blocks_batch
 
@@ -203,25 +204,27 @@ GOOD: dict[str, Any] = {
 }
 
 ERROR_CASES: list[tuple[dict[str, Any], type[Exception], Sequence[str]]] = [
-    ({"first": 3}, IndexError, ["first=3", "2 copies", "n=4"]),
+    ({"first": 3}, CapacityError,
+     ["add_copies: ", "k=2 copies", "first=3", "n=4", "acquire at least 5 entries"]),
     ({"first": 2, "sources": [1, 2, 3], "destinations": [1, 2, 3], "byte_counts": 1},
-     IndexError, ["first=2", "3 copies", "n=4"]),
-    ({"first": -1}, IndexError, ["first=-1"]),
-    ({"first": 1.0}, TypeError, ["first", "float"]),
-    ({"first": True}, TypeError, ["first", "bool"]),
-    ({"first": "1"}, TypeError, ["first", "str"]),
+     CapacityError, ["add_copies: ", "first=2", "k=3 copies", "n=4"]),
+    ({"first": -1}, IndexError, ["add_copies: ", "first=-1"]),
+    ({"first": 1.0}, TypeError, ["add_copies: ", "first", "float"]),
+    ({"first": True}, TypeError, ["add_copies: ", "first", "bool"]),
+    ({"first": np.True_}, TypeError, ["add_copies: ", "first", "bool"]),
+    ({"first": "1"}, TypeError, ["add_copies: ", "first", "str"]),
     ({"destinations": [30]}, ValueError, ["2 sources", "1 destinations"]),
     ({"byte_counts": [5, 6, 7]}, ValueError, ["3 byte counts", "2 sources"]),
     ({"byte_counts": np.array([5], dtype=np.int64)}, ValueError, ["1 byte counts"]),
     ({"byte_counts": [5, -1]}, ValueError, ["byte_counts[1]", "-1"]),
     ({"byte_counts": np.array([5, -1])}, ValueError, ["byte_counts[1] = -1"]),
     ({"byte_counts": np.array([-3, 5], dtype=np.int32)}, ValueError, ["byte_counts[0] = -3"]),
-    ({"byte_counts": -1}, ValueError, ["byte_counts", "-1"]),
+    ({"byte_counts": -1}, ValueError, ["add_copies: ", "byte_counts", "-1"]),
     ({"byte_counts": 2**63}, ValueError, ["byte_counts", str(2**63)]),
     ({"byte_counts": np.array([1, 2**63], dtype=np.uint64)}, ValueError,
      [f"byte_counts[1] = {2**63}"]),
     ({"byte_counts": [1, 2**64 + 1]}, ValueError, ["byte_counts[1]", str(2**64 + 1)]),
-    ({"byte_counts": True}, TypeError, ["bool"]),
+    ({"byte_counts": True}, TypeError, ["add_copies: ", "bool"]),
     ({"byte_counts": 5.0}, TypeError, ["float"]),
     ({"byte_counts": np.array([True, False])}, TypeError, ["bool"]),
     ({"sources": [10, -20]}, ValueError, ["sources[1] = -20"]),
@@ -273,6 +276,31 @@ def test_add_copies_rejects_bad_input_and_writes_nothing(
 def test_good_arguments_of_the_error_table_succeed() -> None:
     arrays = make_arrays(4)
     assert add_copies(arrays, **GOOD) == 3  # so each error above comes from its change
+
+
+def test_an_overrun_is_both_an_index_error_and_a_value_error() -> None:
+    # The original pool's slice assignment raised ValueError; IndexError is what this
+    # module raised before CapacityError: callers catching either keep working.
+    arrays = make_arrays(2)
+    for caught in (IndexError, ValueError, CapacityError):
+        with pytest.raises(caught):
+            add_copies(arrays, 1, [1, 2], [3, 4], 5)
+        with pytest.raises(caught):
+            add_block_copies(arrays, 1, 0, 0, [0, 2], [0, 2], 8)
+    assert snapshot(arrays) == [[SENTINEL] * 2] * 3
+
+
+@pytest.mark.parametrize("integer", [int, np.int64, np.uint64, np.int32, np.uint8])
+def test_every_integer_argument_takes_numpy_integers(integer: Callable[[int], Any]) -> None:
+    arrays = make_arrays(4)
+    assert add_copies(arrays, integer(1), [10, 20], [30, 40], integer(5)) == 3
+    assert snapshot(arrays)[2][1:3] == [5, 5]
+    end = add_block_copies(
+        arrays, integer(2), integer(64), integer(128), [0, 2], [1, 3], integer(16),
+        total_bytes=integer(20),
+    )  # fmt: skip
+    assert end == 4
+    assert descriptors(arrays, 2, end) == [(64, 144, 16), (96, 176, 4)]
 
 
 # --- add_block_copies ---------------------------------------------------------------------
@@ -469,11 +497,13 @@ BLOCK_GOOD: dict[str, Any] = {
 }
 
 BLOCK_ERRORS: list[tuple[dict[str, Any], type[Exception], Sequence[str]]] = [
-    ({"first": 3}, IndexError, ["first=3", "2 descriptors", "n=4"]),
-    ({"first": -2}, IndexError, ["first=-2"]),
-    ({"first": 0.5}, TypeError, ["first"]),
-    ({"src_blocks": list(range(0, 10, 2)), "dst_blocks": list(range(5))}, IndexError,
-     ["5 descriptors", "n=4"]),
+    ({"first": 3}, CapacityError,
+     ["add_block_copies: ", "first=3", "k=2 descriptors", "n=4", "acquire at least 5"]),
+    ({"first": -2}, IndexError, ["add_block_copies: ", "first=-2"]),
+    ({"first": 0.5}, TypeError, ["add_block_copies: ", "first"]),
+    ({"first": np.False_}, TypeError, ["add_block_copies: ", "first", "bool"]),
+    ({"src_blocks": list(range(0, 10, 2)), "dst_blocks": list(range(5))}, CapacityError,
+     ["add_block_copies: ", "k=5 descriptors", "n=4"]),
     ({"dst_blocks": [1]}, ValueError, ["2 source blocks", "1 destination blocks"]),
     ({"src_blocks": [0, -2]}, ValueError, ["src_blocks[1] = -2"]),
     ({"src_blocks": np.array([0, -2])}, ValueError, ["src_blocks[1] = -2"]),
@@ -482,25 +512,28 @@ BLOCK_ERRORS: list[tuple[dict[str, Any], type[Exception], Sequence[str]]] = [
     ({"src_blocks": [0.0, 2.0]}, TypeError, ["src_blocks"]),
     ({"src_blocks": np.array([False, True])}, TypeError, ["src_blocks", "bool"]),
     ({"src_blocks": torch.zeros(2, dtype=torch.int64, device="meta")}, TypeError, ["CPU"]),
-    ({"block_bytes": 0}, ValueError, ["block_bytes", "0"]),
+    ({"block_bytes": 0}, ValueError, ["add_block_copies: ", "block_bytes=0"]),
     ({"block_bytes": -64}, ValueError, ["block_bytes", "-64"]),
     ({"block_bytes": 2**63}, ValueError, ["block_bytes"]),
     ({"block_bytes": 64.0}, TypeError, ["block_bytes", "float"]),
-    ({"block_bytes": True}, TypeError, ["block_bytes", "bool"]),
-    ({"src_base": -1}, ValueError, ["src_base", "-1"]),
+    ({"block_bytes": True}, TypeError, ["add_block_copies: ", "block_bytes", "bool"]),
+    ({"block_bytes": np.True_}, TypeError, ["block_bytes", "bool"]),
+    ({"total_bytes": True}, TypeError, ["add_block_copies: ", "total_bytes", "bool"]),
+    ({"src_base": False}, TypeError, ["add_block_copies: ", "src_base", "bool"]),
+    ({"src_base": -1}, ValueError, ["add_block_copies: ", "src_base=-1"]),
     ({"dst_base": 2**64}, ValueError, ["dst_base", str(2**64)]),
     ({"src_base": "0"}, TypeError, ["src_base"]),
     ({"src_base": 2**64 - 64}, ValueError, ["src_blocks", "past the 64-bit address space"]),
     ({"dst_blocks": [1, 2**58]}, ValueError, ["dst_blocks", "2**63 bytes"]),
     ({"dst_blocks": np.array([1, 2**63], dtype=np.uint64)}, ValueError, ["dst_blocks"]),
-    ({"total_bytes": 64}, ValueError, ["total_bytes=64", "65..128"]),
+    ({"total_bytes": 64}, ValueError, ["add_block_copies: ", "total_bytes=64", "65..128"]),
     ({"total_bytes": 129}, ValueError, ["total_bytes=129", "65..128"]),
     ({"total_bytes": 0}, ValueError, ["65..128"]),
     ({"total_bytes": -1}, ValueError, ["65..128"]),
     ({"total_bytes": 100.0}, TypeError, ["total_bytes"]),
     ({"src_blocks": [], "dst_blocks": [], "total_bytes": 1}, ValueError, ["0..0"]),
     ({"src_blocks": [], "dst_blocks": [], "total_bytes": -1}, ValueError, ["0..0"]),
-    ({"src_blocks": [], "dst_blocks": [], "first": 5}, IndexError, ["first=5", "n=4"]),
+    ({"src_blocks": [], "dst_blocks": [], "first": 5}, CapacityError, ["first=5", "n=4"]),
 ]  # fmt: skip
 
 
@@ -795,3 +828,109 @@ def test_chained_fills_feed_one_batch() -> None:
     assert torch.equal(region[5 * BLOCK : 7 * BLOCK], a)
     assert torch.equal(region[:BLOCK], b)
     assert int(region[BLOCK : 5 * BLOCK].count_nonzero()) == 0
+
+
+# --- Inputs that share memory with the descriptor arrays ---------------------------------
+
+ALIAS_N = 8
+
+
+def aliased_arrays(dtype: Any, as_tensor: bool) -> tuple[DescriptorArrays, list[Any]]:
+    """Descriptor arrays holding distinct small values, and their columns as inputs."""
+    if as_tensor:
+        tensors, arrays = descriptor_tensors(
+            ALIAS_N, torch.int64 if dtype is np.int64 else torch.uint64
+        )
+        columns: list[Any] = list(tensors)
+    else:
+        arrays = make_arrays(ALIAS_N, dtype)
+        columns = list(arrays)
+    for i, column in enumerate(arrays):
+        column[:] = np.arange(ALIAS_N) * 3 + i + 1
+    return arrays, columns
+
+
+def copy_of(values: Any) -> npt.NDArray[Any]:
+    return values.numpy().copy() if isinstance(values, torch.Tensor) else np.array(values)
+
+
+# Where an input comes from: a column of the descriptor arrays and an offset in it, or None
+# for a fresh array.
+alias_strategy = st.one_of(st.none(), st.tuples(st.integers(0, 2), st.integers(0, 4)))
+
+
+def test_swapping_directions_in_place() -> None:
+    # The case of issue 10: the handle's own columns, the directions swapped.
+    arrays = make_arrays(4)
+    arrays[0][:] = [1, 2, 3, 4]
+    arrays[1][:] = [5, 6, 7, 8]
+    arrays[2][:] = 9
+    assert add_copies(arrays, 0, arrays[1], arrays[0], arrays[2]) == 4
+    assert snapshot(arrays) == [[5, 6, 7, 8], [1, 2, 3, 4], [9] * 4]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.tuples(alias_strategy, alias_strategy, alias_strategy),
+    st.integers(0, 4),
+    st.booleans(),
+    st.sampled_from(DTYPES),
+)
+def test_add_copies_reads_every_input_before_writing(
+    aliases: tuple[tuple[int, int] | None, ...], first: int, as_tensor: bool, dtype: Any
+) -> None:
+    k = 4
+    arrays, columns = aliased_arrays(dtype, as_tensor)
+    inputs = [
+        np.arange(k, dtype=dtype) * 5 + 100 * (i + 1)
+        if alias is None
+        else columns[alias[0]][alias[1] : alias[1] + k]
+        for i, alias in enumerate(aliases)
+    ]
+    # The reference: the same call with every input copied first.
+    expected = (arrays[0].copy(), arrays[1].copy(), arrays[2].copy())
+    copied = [copy_of(v) for v in inputs]
+    assert add_copies(expected, first, copied[0], copied[1], copied[2]) == first + k
+    assert add_copies(arrays, first, inputs[0], inputs[1], inputs[2]) == first + k
+    assert snapshot(arrays) == snapshot(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([([3, 4, 5, 6], [0, 1, 2, 3]), ([0, 1, 5, 6], [2, 3, 0, 1]),
+                     ([6, 3, 5, 0], [1, 4, 2, 7])]),
+    st.tuples(st.integers(0, 2), st.integers(0, 4)),
+    st.tuples(st.integers(0, 2), st.integers(0, 4)),
+    st.integers(0, 4),
+    st.booleans(),
+    st.sampled_from(DTYPES),
+    st.booleans(),
+)  # fmt: skip
+def test_add_block_copies_reads_every_input_before_writing(
+    blocks: tuple[list[int], list[int]],
+    src_alias: tuple[int, int],
+    dst_alias: tuple[int, int],
+    first: int,
+    as_tensor: bool,
+    dtype: Any,
+    coalesce: bool,
+) -> None:
+    k = 4
+    arrays, columns = aliased_arrays(dtype, as_tensor)
+    (src_col, src_at), (dst_col, dst_at) = src_alias, dst_alias
+    if src_col == dst_col and src_at != dst_at:
+        dst_col = (dst_col + 1) % 3  # the two lists would overwrite each other
+    arrays[src_col][src_at : src_at + k] = blocks[0]
+    arrays[dst_col][dst_at : dst_at + k] = blocks[1]
+    src_in = columns[src_col][src_at : src_at + k]
+    dst_in = columns[dst_col][dst_at : dst_at + k]
+    expected = (arrays[0].copy(), arrays[1].copy(), arrays[2].copy())
+    end = add_block_copies(
+        expected, first, 64, 128, copy_of(src_in), copy_of(dst_in), 16,
+        total_bytes=60, coalesce=coalesce,
+    )  # fmt: skip
+    got = add_block_copies(
+        arrays, first, 64, 128, src_in, dst_in, 16, total_bytes=60, coalesce=coalesce
+    )
+    assert got == end
+    assert snapshot(arrays) == snapshot(expected)
