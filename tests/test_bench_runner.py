@@ -112,3 +112,10 @@ def test_build_cases() -> None:
     assert runner.build_cases(runner.Settings(), (), ()) == []
     env = runner.environment()
     assert {"version", "python", "torch", "numpy", "machine"} <= set(env)
+
+
+def test_an_interval_at_the_resolution_floor_gets_no_more_rounds() -> None:
+    case = FakeCase(itertools.repeat(1.0))  # exactly at the target: UNSURE for good
+    result = runner.run_benchmark(settings(), [case], specs=[SPEC])
+    assert [check.verdict for check in result.checks] == ["UNSURE"]
+    assert result.rounds == {"fake": 5}

@@ -3,7 +3,8 @@
 A run sets every case up, runs `Settings.rounds` rounds of each, and judges the targets.
 While a timed target's interval straddles its bound (``UNSURE``), the cases behind such
 targets get more rounds, a few at a time, until the verdicts settle, a case reaches
-`Settings.max_rounds`, or `Settings.budget_s` seconds of extra measuring are spent.
+`Settings.max_rounds`, `Settings.budget_s` seconds of extra measuring are spent, or the
+interval is down to the resolution floor (more rounds cannot narrow it further).
 
 The load average is read after every round.  A case measured while it exceeded the number
 of CPUs is reported ``LOADED`` instead of judged, as is a figure whose baseline varied by
@@ -36,7 +37,7 @@ from bucketpool.bench._cases import (
     ThreadsCase,
     TraceCase,
 )
-from bucketpool.bench._stats import Measurement
+from bucketpool.bench._stats import RESOLUTION, Measurement
 from bucketpool.bench._targets import TARGETS, Check, TargetSpec, check_targets
 from bucketpool.bench._traces import DEFAULT_OPS, QUICK_OPS, Trace
 
@@ -194,7 +195,20 @@ def environment() -> dict[str, object]:
 
 
 def _unsure(checks: Iterable[Check]) -> set[str]:
-    return {c.case for c in checks if c.measurement.timed and c.interval_verdict == "UNSURE"}
+    """Cases with an UNSURE timed target that more rounds could still settle."""
+    return {
+        check.case
+        for check in checks
+        if check.measurement.timed
+        and check.interval_verdict == "UNSURE"
+        and not _at_resolution(check.measurement)
+    }
+
+
+def _at_resolution(measurement: Measurement) -> bool:
+    """Whether the interval is down to the resolution floor, which no round can narrow."""
+    floor = 2 * RESOLUTION * abs(measurement.value)
+    return measurement.high - measurement.low <= floor * (1 + 1e-9)
 
 
 def run_benchmark(
