@@ -136,6 +136,12 @@ def _named_panel(
     _target_marks(
         axes, xs, [limits.get((case, figure)) for case, figure, _ in present], "original", "target"
     )
+    verdicts = {(check.case, check.spec.figure): check.verdict for check in result.checks}
+    for x, (case, figure, _), point in zip(xs, present, measured, strict=True):
+        verdict = verdicts.get((case, figure), "report only")
+        axes.annotate(
+            verdict, (x, point.value), xytext=(8, 0), textcoords="offset points", fontsize="small"
+        )
     axes.set_yscale("log")
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks(xs, [label for _, _, label in present], rotation=25, ha="right")
@@ -148,14 +154,15 @@ def _bytes_panel(axes: Axes, result: BenchResult, recorded: TraceCase | None) ->
     if recorded is None:
         axes.text(0.5, 0.5, "no trace recorded bytes (run spike)", ha="center")
         return
-    for impl, held in recorded.series.items():
+    for index, (impl, held) in enumerate(recorded.series.items()):
         colour, marker, line = _STYLES.get(impl, _STYLES["other"])
+        step = max(len(held) // 12, 1)
         label = f"{impl} (a BucketPool inside)" if impl == "compat" else impl
         axes.plot(
             [count / (1 << 20) for count in held],
             linestyle=line,
             marker=marker,
-            markevery=max(len(held) // 12, 1),
+            markevery=(index * step // 3, step),  # staggered: overlapping lines stay apart
             color=colour,
             label=label,
         )
