@@ -63,15 +63,6 @@ def test_json_structure(tiny_run: BenchResult, tmp_path: Path) -> None:
     assert data["settings"]["resolution"] > 0
 
 
-def test_plot_writes_a_png(tiny_run: BenchResult, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    from bucketpool.bench._plot import plot
-
-    path = tmp_path / "run.png"
-    plot(tiny_run, path)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 def test_matplotlib_available_sees_a_missing_import(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     assert not report.matplotlib_available()

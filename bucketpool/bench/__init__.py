@@ -2,9 +2,10 @@
 
 Modules, one job each: ``_traces`` (the trace model and replay files), ``_original`` (the
 original pool, rebuilt), ``_pools`` (each pool driven as its callers drive it), ``_stats``
-(paired ratios, intervals, verdicts), ``_cases`` (what a round measures), ``_targets`` (the
-targets, as data), ``_runner`` (rounds until the verdicts settle), ``_report`` (table and
-JSON), ``_plot`` (the PNG) and ``_cli`` (the ``bench`` subcommand).
+(paired ratios, intervals, verdicts), ``_cases`` (the case interface, the traces, parked
+handles and debug levels), ``_threads``, ``_fills`` and ``_overhead`` (one case each),
+``_targets`` (the targets, as data), ``_runner`` (rounds until the verdicts settle),
+``_report`` (table and JSON), ``_plot`` (the PNG) and ``_cli`` (the ``bench`` subcommand).
 
 Dependency-free beyond numpy and, for ``--plot``, matplotlib: pyperf and pytest-benchmark
 time one function per worker process or test, and cannot pair rounds of three pools in one

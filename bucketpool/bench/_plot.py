@@ -13,7 +13,8 @@ import fnmatch
 import typing
 from collections.abc import Mapping, Sequence
 
-from bucketpool.bench._cases import FillsCase, TraceCase
+from bucketpool.bench._cases import TraceCase
+from bucketpool.bench._fills import FillsCase
 from bucketpool.bench._runner import BenchResult
 from bucketpool.bench._stats import Measurement
 from bucketpool.bench._targets import Check

@@ -14,7 +14,8 @@ import os
 import typing
 from collections.abc import Mapping, Sequence
 
-from bucketpool.bench._cases import FillsCase, TraceCase
+from bucketpool.bench._cases import TraceCase
+from bucketpool.bench._fills import FillsCase
 from bucketpool.bench._pools import IMPLEMENTATIONS
 from bucketpool.bench._runner import BenchResult
 from bucketpool.bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit

@@ -28,17 +28,12 @@ import attrs
 import numpy as np
 import torch
 
-from bucketpool.bench._cases import (
-    Case,
-    DebugCase,
-    FillsCase,
-    OverheadCase,
-    ParkedCase,
-    ThreadsCase,
-    TraceCase,
-)
+from bucketpool.bench._cases import Case, DebugCase, ParkedCase, TraceCase
+from bucketpool.bench._fills import FillsCase
+from bucketpool.bench._overhead import OverheadCase
 from bucketpool.bench._stats import RESOLUTION, Measurement
 from bucketpool.bench._targets import TARGETS, Check, TargetSpec, check_targets
+from bucketpool.bench._threads import ThreadsCase
 from bucketpool.bench._traces import DEFAULT_OPS, QUICK_OPS, Trace
 
 __all__ = [
