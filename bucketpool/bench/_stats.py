@@ -7,8 +7,8 @@ those ratios with a percentile-bootstrap 95% interval of the median.  Two things
 
 * a floor of ±`RESOLUTION` around the median: a systematic shift that pairing cannot cancel
   (what else runs on the machine, CPU frequency, caches) moves a ratio's median between
-  runs (by up to ±4% over five full runs beside a CPU-bound process on the 2-core
-  development machine), so no ratio is claimed closer than that;
+  runs: by up to ±7% over eighteen full runs in one session on the 2-core development
+  machine, some beside CPU-bound processes, so no ratio is claimed closer than that;
 * nothing else: an interval that is too wide to decide gives ``UNSURE``, and the runner then
   measures more rounds within its time budget.
 
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: Relative half-width below which no interval is claimed.
-RESOLUTION = 0.05
+RESOLUTION = 0.07
 CONFIDENCE = 0.95
 BOOTSTRAP_SAMPLES = 2_000
 #: A baseline whose per-round interquartile range exceeds this share of its median says
