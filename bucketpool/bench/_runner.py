@@ -64,7 +64,8 @@ class Settings:
         max_rounds: the most rounds a case gets.
         budget_s: seconds of extra rounds while a verdict is UNSURE.
         ops: acquires per trace pass and per hot-loop pass.
-        thread_ops: ops per thread per threaded run.
+        thread_ops: ops per thread per threaded run: long enough that the locked original's
+            throughput (lock convoys come and go) varies little between rounds.
         parked: handles parked in the parked case.
         min_pass_ns: a fill batch or debug-level pass lasts at least this long.
         quick: whether ``--quick`` chose the defaults.
@@ -75,7 +76,7 @@ class Settings:
     max_rounds: int = 40
     budget_s: float = 40.0
     ops: int = DEFAULT_OPS
-    thread_ops: int = 1_000
+    thread_ops: int = 3_000
     parked: int = 10_000
     min_pass_ns: int = 5_000_000
     quick: bool = False
@@ -97,7 +98,7 @@ class Settings:
                 max_rounds=12,
                 budget_s=3.0,
                 ops=QUICK_OPS,
-                thread_ops=300,
+                thread_ops=1_000,
                 min_pass_ns=1_000_000,
                 quick=True,
             )
