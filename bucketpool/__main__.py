@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments without the program name; `None` reads `sys.argv`.
 
     Returns:
-        The exit status: 0 after printing the usage when no command is given, else the
+        The exit status: 0 after printing the usage (the help) when no command is given, else the
         command's.
 
     Raises:
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_usage(sys.stdout)
+        parser.print_help(sys.stdout)
         return 0
     run: Callable[[argparse.Namespace], int] = args.run
     return run(args)

@@ -61,7 +61,7 @@ def add_bench_parser(commands: argparse._SubParsersAction[Any]) -> argparse.Argu
         description=(
             "Time the original DescriptorBufferPool, BucketPool and the compat drop-in on "
             "the same traces, interleaved round by round in one process; report each ratio "
-            "with a 95%% interval and judge each target PASS, FAIL or UNSURE."
+            "with a 95% interval and judge each target PASS, FAIL or UNSURE."
         ),
     )
     bench.add_argument(
