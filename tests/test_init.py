@@ -13,6 +13,7 @@ import typing
 import pytest
 
 import bucketpool
+import bucketpool.bench
 
 #: The public modules, each with the names it defines or re-exports.
 PUBLIC_MODULES = [
@@ -24,6 +25,10 @@ PRIVATE_MODULES = [
     f"bucketpool.{info.name}"
     for info in pkgutil.iter_modules(bucketpool.__path__)
     if info.name.startswith("_") and info.name != "__main__"
+] + [
+    # The benchmark: a subpackage of private modules behind `python -m bucketpool bench`.
+    "bucketpool.bench",
+    *(f"bucketpool.bench.{info.name}" for info in pkgutil.iter_modules(bucketpool.bench.__path__)),
 ]
 
 

@@ -1,0 +1,173 @@
+"""The ``bench`` subcommand of ``python -m bucketpool``: arguments, the run, the exit status.
+
+Exit status: 0 after a run; with ``--check``, 1 when a target FAILs (and, with
+``--strict-check``, when one is UNSURE or LOADED); 2 for bad arguments, a bad replay file,
+an output path in a missing folder, or ``--plot`` without matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bucketpool.bench._report import matplotlib_available, render_table, write_json
+from bucketpool.bench._runner import CASE_KINDS, Progress, Settings, build_cases, run_benchmark
+from bucketpool.bench._targets import exit_status
+from bucketpool.bench._traces import (
+    SELECTIONS,
+    ReplayError,
+    Trace,
+    builtin_traces,
+    load_replay,
+    select_traces,
+)
+
+__all__ = ["PROG", "add_bench_parser", "bench_command"]
+
+PROG = "python -m bucketpool"
+_PLOT_EXTRA = "pip install 'bucketpool[plot]'"
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text}")
+    return value
+
+
+def add_bench_parser(commands: argparse._SubParsersAction[Any]) -> argparse.ArgumentParser:
+    """Add the ``bench`` subcommand to *commands*, with `bench_command` as its action."""
+    full, quick = Settings.for_mode(quick=False), Settings.for_mode(quick=True)
+    bench: argparse.ArgumentParser = commands.add_parser(
+        "bench",
+        help="compare bucketpool with the original pool and check the targets",
+        description=(
+            "Time the original DescriptorBufferPool, BucketPool and the compat drop-in on "
+            "the same traces, interleaved round by round in one process; report each ratio "
+            "with a 95% interval and judge each target PASS, FAIL or UNSURE."
+        ),
+    )
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{quick.rounds} rounds of {quick.ops:,}-op passes, {quick.budget_s:g} s for "
+        f"more (default: {full.rounds} rounds of {full.ops:,} ops, {full.budget_s:g} s)",
+    )
+    bench.add_argument(
+        "--rounds", "--repeats", type=_positive, metavar="R", help="rounds before judging"
+    )
+    bench.add_argument("--ops", type=_positive, metavar="N", help="acquires per pass")
+    bench.add_argument(
+        "--budget", type=_seconds, metavar="S", help="seconds of extra rounds while UNSURE"
+    )
+    source = bench.add_mutually_exclusive_group()
+    source.add_argument(
+        "--trace",
+        action="append",
+        choices=SELECTIONS,
+        metavar="NAME",
+        help=f"run only this trace, family or case (repeatable); one of: {', '.join(SELECTIONS)}",
+    )
+    source.add_argument(
+        "--replay",
+        metavar="FILE",
+        help="run the three pools on a trace file ('acquire N' / 'release ID' lines)",
+    )
+    bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    bench.add_argument("--plot", metavar="PATH.png", help=f"also draw a PNG (needs {_PLOT_EXTRA})")
+    bench.add_argument(
+        "--check", action="store_true", help="exit with status 1 when a target FAILs"
+    )
+    bench.add_argument(
+        "--strict-check",
+        action="store_true",
+        help="as --check, and UNSURE or LOADED targets fail too",
+    )
+    bench.set_defaults(run=bench_command)
+    return bench
+
+
+def _error(message: str) -> int:
+    print(f"{PROG} bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _unwritable(paths: Sequence[str | None]) -> str | None:
+    """Say why an output path cannot be written, before a run that would be lost."""
+    for path in paths:
+        if path is None:
+            continue
+        target = Path(path)
+        if target.is_dir():
+            return f"cannot write {path!r}: it is a folder"
+        if not target.resolve().parent.is_dir():
+            return f"cannot write {path!r}: its folder does not exist"
+    return None
+
+
+def _progress(start: float) -> Progress:
+    def report(message: str) -> None:
+        print(f"bench {time.perf_counter() - start:6.1f}s {message}", file=sys.stderr, flush=True)
+
+    return report
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """Run the benchmark that *args* (parsed by the ``bench`` parser) describe.
+
+    Returns:
+        The exit status (see the module docstring).
+    """
+    if args.plot is not None and not matplotlib_available():
+        return _error(f"--plot needs matplotlib: {_PLOT_EXTRA}")
+    unwritable = _unwritable([args.json, args.plot])
+    if unwritable is not None:
+        return _error(unwritable)
+    settings = Settings.for_mode(
+        quick=args.quick, rounds=args.rounds, ops=args.ops, budget_s=args.budget
+    )
+    if args.replay is not None:
+        try:
+            traces: tuple[Trace, ...] = (load_replay(args.replay),)
+        except ReplayError as error:
+            return _error(str(error))
+        kinds: Sequence[str] = ()
+    else:
+        traces = builtin_traces(settings.ops, settings.seed)
+        selections = args.trace or ()
+        kinds = [kind for kind in CASE_KINDS if not selections or kind in selections]
+        if selections:
+            traces = select_traces(traces, selections)
+    progress = _progress(time.perf_counter())
+    result = run_benchmark(settings, build_cases(settings, traces, kinds), progress=progress)
+    sys.stdout.write(render_table(result))
+    sys.stdout.flush()
+    if args.json is not None:
+        write_json(result, args.json)
+        progress(f"wrote {args.json}")
+    if args.plot is not None:
+        from bucketpool.bench._plot import plot
+
+        plot(result, args.plot)
+        progress(f"wrote {args.plot}")
+    progress("done")
+    if args.check or args.strict_check:
+        return exit_status(result.checks, strict=args.strict_check)
+    return 0

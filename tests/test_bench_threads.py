@@ -1,0 +1,40 @@
+"""The threads case: eight threads on one pool (tiny sizes; no time is asserted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bucketpool.bench import _threads as threads
+from bucketpool.bench._cases import Case
+from bucketpool.bench._stats import Measurement
+
+
+def run_case(case: Case, rounds: int = 2) -> dict[str, Measurement]:
+    """Set *case* up, run *rounds* rounds, check the samples and return its figures."""
+    case.setup()
+    for _ in range(rounds):
+        case.round()
+    for samples in case.samples.values():
+        assert len(samples) == rounds
+        assert all(value > 0 for value in samples)
+    figures = case.measurements()
+    case.close()
+    for figure in figures.values():
+        assert figure.low <= figure.value <= figure.high
+    return figures
+
+
+def test_threads_case_runs_every_workload() -> None:
+    case = threads.ThreadsCase(ops_per_thread=10, threads=3)
+    figures = run_case(case, rounds=1)
+    assert case.name == "threads-3"
+    assert figures["bucketpool p99 latency"].unit == "ns"
+    assert "bare acquire/release throughput ratio" in figures
+
+
+def test_a_thread_error_reaches_the_caller() -> None:
+    def work(latencies: list[int] | None) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        threads.threaded(work, 2, record=False)
