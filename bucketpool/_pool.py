@@ -256,9 +256,16 @@ class BucketPool:
         lock = self._lock
         if lock._is_owned():  # type: ignore[attr-defined]
             raise _reentered("acquire")
+        fresh: Buffer | None = None
         while True:
             with lock:
                 free = bucket.free
+                if fresh is not None:
+                    # Counted and taken in this one section: nobody sees it cached.
+                    self._count_allocation(bucket)
+                    self._cached_bytes += bucket.nbytes
+                    free.append(fresh)
+                    fresh = None
                 if free:
                     # The one hand-out.  Everything up to `free.pop()` calls nothing, so no
                     # signal handler can run in between: the holder and the counts are
@@ -284,7 +291,7 @@ class BucketPool:
                     free.pop()
                     self._held.add(buffer)
                     break
-            self._refill(bucket)
+            fresh = self._refill(bucket)
         if self._level:
             self._check_poison(buffer)
         if token >= self._next_sweep:
@@ -293,25 +300,18 @@ class BucketPool:
             buffer.site = _debug.site(self._full_stack)
         return buffer
 
-    def _refill(self, bucket: Bucket) -> None:
+    def _refill(self, bucket: Bucket) -> Buffer | None:
         """The bucket had nothing free: retire finished parked buffers, else allocate one.
 
-        Either way the buffer lands on the bucket's free list, and `acquire` takes it from
-        there through its one hand-out path (or, if another thread was quicker, refills
-        again).
+        Returns the new buffer, for `_lease` to count and hand out under its lock, or None
+        when polling put buffers back on the free list.
         """
         if self._parked.count:
             self._poll()
             with self._lock:
                 if bucket.free:
-                    return
-        buffer = self._new_buffer(bucket)  # outside the lock: pinning can take milliseconds
-        with self._lock:
-            bucket.last_tick = self._tick  # not idle: the idle sweep must leave it be
-            bucket.misses += 1
-            self._count_allocation(bucket)
-            self._cached_bytes += bucket.nbytes
-            bucket.free.append(buffer)
+                    return None
+        return self._new_buffer(bucket)  # outside the lock: pinning can take milliseconds
 
     def _new_buffer(self, bucket: Bucket) -> Buffer:
         # One tensor per field, so that the pinned allocator's power-of-two rounding adds no
@@ -323,15 +323,23 @@ class BucketPool:
         )
         return Buffer(bucket, tensors, self._level == 2)
 
-    def _count_allocation(self, bucket: Bucket) -> None:
-        """(lock held) Account a buffer that was just allocated."""
+    def _count_allocation(self, bucket: Bucket, miss: bool = True) -> None:
+        """(lock held) Account a buffer that was just allocated (for an acquire: a miss).
+
+        Calls nothing, so a signal handler cannot interrupt it half-way.
+        """
+        bucket.last_tick = self._tick  # not idle: the idle sweep must leave it be
+        if miss:
+            bucket.misses += 1
         bucket.allocated += 1
         self._allocations_total += 1
         self._allocated_bytes_total += bucket.nbytes
         allocations = self._allocations_total - self._freed_total
         allocated_bytes = self._allocated_bytes_total - self._freed_bytes_total
-        self._allocations_peak = max(self._allocations_peak, allocations)
-        self._allocated_bytes_peak = max(self._allocated_bytes_peak, allocated_bytes)
+        if allocations > self._allocations_peak:
+            self._allocations_peak = allocations
+        if allocated_bytes > self._allocated_bytes_peak:
+            self._allocated_bytes_peak = allocated_bytes
 
     # -- release ----------------------------------------------------------------------------
 
@@ -699,7 +707,7 @@ class BucketPool:
         with self._lock:
             bucket.last_tick = self._tick
             for buffer in buffers:
-                self._count_allocation(bucket)
+                self._count_allocation(bucket, miss=False)
                 buffer.n = bucket.capacity  # the debug levels poison all of it
                 self._retire(buffer)
 

@@ -451,7 +451,6 @@ def test_case_14_acquire_polls_a_bounded_number_of_parked_buffers() -> None:
     assert pool.stats().parked == 10_000
 
 
-@pytest.mark.xfail(strict=False, reason="fill fix pending merge")
 def test_case_15_add_copies_from_the_handles_own_columns_swaps_directions() -> None:
     """Case 15: add_copies(0, dst_col, src_col, sizes_col) wrote before reading all inputs."""
     pool = BucketPool()
@@ -475,27 +474,24 @@ class Interrupt(KeyboardInterrupt):
 
 
 def interrupt_allocation_accounting(monkeypatch: pytest.MonkeyPatch, *, before: bool) -> None:
-    """Raise `Interrupt` at the entry (*before*) or the end of `BucketPool._count_allocation`.
+    """Raise `Interrupt` in the miss path: at the entry of the accounting (*before*), or
+    right after the new buffer was made and before it is accounted.
 
-    In CPython 3.11 a signal handler runs at a function's entry and after calls to builtins
-    (``max()`` here), so both points are ones a real signal can reach.
+    In CPython 3.11 a signal handler runs at a function's entry and after calls, so both
+    points are ones a real signal can reach; the accounting itself calls nothing.
     """
-    real = BucketPool._count_allocation
+    name = "_count_allocation" if before else "_new_buffer"
+    real = getattr(BucketPool, name)
 
-    def interrupted(self: BucketPool, bucket: object) -> None:
-        monkeypatch.setattr(BucketPool, "_count_allocation", real)  # once
+    def interrupted(self: BucketPool, *args: object) -> object:
+        monkeypatch.setattr(BucketPool, name, real)  # once
         if not before:
-            real(self, bucket)  # type: ignore[arg-type]
+            real(self, *args)
         raise Interrupt
 
-    monkeypatch.setattr(BucketPool, "_count_allocation", interrupted)
+    monkeypatch.setattr(BucketPool, name, interrupted)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _refill counts the allocation before it puts the buffer on the free list; "
-    "an interrupt in between leaves allocations.current counting a buffer that is nowhere",
-)
 def test_case_04_an_interrupt_after_counting_an_allocation_keeps_stats_consistent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -510,11 +506,6 @@ def test_case_04_an_interrupt_after_counting_an_allocation_keeps_stats_consisten
     assert stats.allocations.current == sum(b.cached + b.active + b.parked for b in stats.buckets)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _refill counts the miss before the allocation is accounted and placed; an "
-    "interrupt in between leaves a miss without a take, and hits (takes - misses) goes to -1",
-)
 def test_case_04_an_interrupt_before_counting_an_allocation_keeps_hits_non_negative(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
