@@ -86,7 +86,9 @@ class Buffer:
         self.view_n = -1 if guard else bucket.capacity
         self.view_arrays = self.arrays
         self.arrays_n = bucket.capacity
-        self.token = 0  # the hand-out that holds it; 0 when free, parked or freed
+        # The hand-out that holds it; 0 when free, parked or freed; minus the hand-out's
+        # token while its release waits in the pool's inbox.
+        self.token = 0
         self.n = 0  # the n of the latest hand-out
         self.events: list[CompletionEvent] | None = None
         self.parked = False

@@ -376,8 +376,12 @@ class BucketPool:
             return False
         if self._lock._is_owned():  # type: ignore[attr-defined]
             # A finaliser or signal handler that interrupted this thread inside the pool:
-            # no waiting, and no user code; the next operation takes it back.
-            self._inbox.append((buffer, token, False))
+            # no waiting, and no user code; the next operation takes it back.  The lock is
+            # this thread's, so the token can move to the pending mark (-token) at once: the
+            # hand-out is over for every later look (`released`, a second release), and
+            # the drain takes back the buffer whose token is still that mark.
+            buffer.token = -token
+            self._inbox.append((buffer, -token, False))
             return True
         events = buffer.events  # only the holder writes them, and the holder is calling
         pending: list[CompletionEvent] | None = None
