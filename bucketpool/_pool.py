@@ -755,15 +755,21 @@ class BucketPool:
             for _, n, capacity, where in out
         ]
 
-    def _idle_kept(self) -> list[object]:
-        """What the compat adapters kept with each cached buffer, newest first per bucket."""
+    def _idle_kept(self, make: Callable[[Buffer], object]) -> list[object]:
+        """What a compat adapter keeps with each cached buffer, newest last per bucket.
+
+        A buffer that has none yet (never handed out through the adapter, or its tuple was
+        dropped unreleased) gets ``make(buffer)``, the adapter's own constructor.
+        """
+        self._drain()
         with self._lock:
-            return [
-                buffer.kept
-                for bucket in self._buckets
-                for buffer in reversed(bucket.free)
-                if buffer.kept is not None
-            ]
+            kept = []
+            for bucket in self._buckets:
+                for buffer in bucket.free:
+                    if buffer.kept is None:
+                        buffer.kept = make(buffer)
+                    kept.append(buffer.kept)
+            return kept
 
     def stats(self) -> PoolStats:
         """Return a consistent snapshot of the counters (see `PoolStats`).  Thread-safe."""

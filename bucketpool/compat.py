@@ -137,17 +137,22 @@ class _Adapter(typing.Generic[_Buffers]):
         buffer: Buffer = self.pool._lease(n, None)
         bufs = typing.cast("_HeldBuffers | _HeldAliasedBuffers | None", buffer.kept)
         if bufs is None:
-            whole: tuple[object, ...] = buffer.tensors
-            if self._held is _HeldAliasedBuffers:
-                whole = (*whole, *buffer.arrays)
-            bufs = tuple.__new__(self._held, whole)
-            bufs._owner = id(self.pool)
+            bufs = self._triple(buffer)
         else:
             buffer.kept = None  # the holder's own field until it releases
         bufs._token = buffer.token
         bufs._pool = self.pool
         bufs._buffer = buffer
         return typing.cast("_Buffers", bufs)
+
+    def _triple(self, buffer: Buffer) -> _HeldBuffers | _HeldAliasedBuffers:
+        """The tuple of *buffer*'s whole tensors (and arrays) that stays with the buffer."""
+        whole: tuple[object, ...] = buffer.tensors
+        if self._held is _HeldAliasedBuffers:
+            whole = (*whole, *buffer.arrays)
+        bufs = tuple.__new__(self._held, whole)
+        bufs._owner = id(self.pool)
+        return bufs
 
     def release(self, bufs: _Buffers, *, event: CompletionEvent | None = None) -> None:
         """Return *bufs* to the pool.  Thread-safe.
@@ -189,14 +194,15 @@ class _Adapter(typing.Generic[_Buffers]):
             raise problem
 
     @property
-    def _pool(self) -> _IdleBuffers:
+    def _pool(self) -> _IdleBuffers[_Buffers]:
         """The idle buffers, for code that inspects the original's private list.
 
         Exists only for code and tests written against the original pool, which read its
-        ``_pool`` list: ``len()``, truth and iteration behave like that list of idle
-        triples.  Read-only.
+        ``_pool`` list: ``len()``, truth, iteration and indexing behave like that list of
+        idle triples, the most recently released last.  Each call reads a fresh snapshot.
+        Read-only.
         """
-        return _IdleBuffers(self.pool)
+        return _IdleBuffers(self.pool, self._triple)
 
     def _refusal(self, bufs: object) -> str:
         name = type(bufs).__name__
@@ -215,22 +221,35 @@ class _Adapter(typing.Generic[_Buffers]):
 
 
 @typing.final
-class _IdleBuffers:
+class _IdleBuffers(typing.Generic[_Buffers]):
     """A read-only, list-like view of a pool's idle buffers (see `_Adapter._pool`)."""
 
-    __slots__ = ("_pool",)
+    __slots__ = ("_pool", "_triple")
 
-    def __init__(self, pool: BucketPool) -> None:
+    def __init__(self, pool: BucketPool, triple: typing.Callable[[Buffer], object]) -> None:
         self._pool = pool
+        self._triple = triple
+
+    def _snapshot(self) -> list[_Buffers]:
+        return typing.cast("list[_Buffers]", self._pool._idle_kept(self._triple))
 
     def __len__(self) -> int:
-        return sum(bucket.cached for bucket in self._pool.stats().buckets)
+        return len(self._snapshot())
 
     def __bool__(self) -> bool:
         return len(self) > 0
 
-    def __iter__(self) -> Iterator[object]:
-        return iter(self._pool._idle_kept())
+    def __iter__(self) -> Iterator[_Buffers]:
+        return iter(self._snapshot())
+
+    @typing.overload
+    def __getitem__(self, index: int) -> _Buffers: ...
+
+    @typing.overload
+    def __getitem__(self, index: slice) -> list[_Buffers]: ...
+
+    def __getitem__(self, index: int | slice) -> _Buffers | list[_Buffers]:
+        return self._snapshot()[index]
 
     def __repr__(self) -> str:
         return f"<{len(self)} idle buffers of {self._pool!r}>"

@@ -280,6 +280,13 @@ def test_private_pool_view_behaves_like_the_originals_list() -> None:
     assert len(pool._pool) == 3
     assert pool._pool
     assert {id(t) for t in pool._pool} == {id(t) for t in bufs}
+    # Indexing like the original's LIFO list: in one bucket, the last released is last.
+    assert pool._pool[1] is bufs[1]
+    assert pool._pool[-1] is bufs[2]
+    assert pool._pool[0].src_ptrs is bufs[0].src_ptrs
+    assert pool._pool[:2] == [bufs[0], bufs[1]]
+    with pytest.raises(IndexError):
+        pool._pool[3]
     with pytest.raises(AttributeError):
         pool._pool = []  # type: ignore[misc, assignment]
 
