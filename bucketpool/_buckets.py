@@ -20,32 +20,40 @@ DEFAULT_MIN_CAPACITY = 16
 DEFAULT_MAX_CAPACITY = 1 << 24
 
 
-def check_count(n: object, max_capacity: int = DEFAULT_MAX_CAPACITY) -> int:
+def check_count(
+    n: object, max_capacity: int = DEFAULT_MAX_CAPACITY, operation: str = "acquire"
+) -> int:
     """Return *n* as a Python int if it is a valid descriptor count.
 
     Args:
         n: anything `operator.index` accepts (int, numpy integer), except `bool`.
         max_capacity: the largest count accepted.
+        operation: the call that was given *n*, named in the messages.
 
     Raises:
         TypeError: *n* is a `bool` or not an integer.
         ValueError: *n* is negative or above *max_capacity*.
     """
     if isinstance(n, bool):
-        raise TypeError(f"n must be an integer count of descriptors, not bool ({n!r})")
+        raise TypeError(
+            f"{operation}: n must be an integer count of descriptors, not bool ({n!r}); "
+            "pass len(...) of the copies or an int"
+        )
     try:
         count = operator.index(n)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(
-            f"n must be an integer count of descriptors, not {type(n).__name__} ({n!r}); "
-            "pass len(...) of the copies or an int"
+            f"{operation}: n must be an integer count of descriptors, not "
+            f"{type(n).__name__} ({n!r}); pass len(...) of the copies or an int"
         ) from None
     if count < 0:
-        raise ValueError(f"n must be >= 0, got {count}; pass the number of descriptors to copy")
+        raise ValueError(
+            f"{operation}: n must be >= 0, got {count}; pass the number of descriptors to copy"
+        )
     if count > max_capacity:
         raise ValueError(
-            f"n={count} is above the pool's max_capacity={max_capacity}; split the step into "
-            f"batches of at most {max_capacity} copies or raise max_capacity"
+            f"{operation}: n={count} is above the pool's max_capacity={max_capacity}; split "
+            f"the step into batches of at most {max_capacity} copies or raise max_capacity"
         )
     return count
 
@@ -87,7 +95,7 @@ def bucket_capacity(n: SupportsIndex) -> int:
         TypeError: *n* is a `bool` or not an integer.
         ValueError: *n* is negative or above the default maximum capacity (2**24).
     """
-    return capacity_for(check_count(n), DEFAULT_MIN_CAPACITY)
+    return capacity_for(check_count(n, operation="bucket_capacity"), DEFAULT_MIN_CAPACITY)
 
 
 def capacity_for(n: int, min_capacity: int) -> int:

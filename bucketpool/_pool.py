@@ -693,7 +693,7 @@ class BucketPool:
             TypeError, ValueError: a bad *n* (as for `acquire`) or *count*, or a reservation
                 that the caps (``max_cached_bytes``, ``max_cached_per_bucket``) would not keep.
         """
-        size = check_count(n, self._max_capacity)
+        size = check_count(n, self._max_capacity, "reserve")
         number = _non_negative("reserve", "count", count)
         bucket = self._bucket_for(size)
         s = self._settings
@@ -815,7 +815,7 @@ class BucketPool:
         Raises:
             TypeError, ValueError: as for `acquire`.
         """
-        return self._bucket_for(check_count(n, self._max_capacity)).capacity
+        return self._bucket_for(check_count(n, self._max_capacity, "bucket_capacity")).capacity
 
     def _bucket_for(self, n: int) -> Bucket:
         return self._buckets[(n - 1).bit_length() if n > self._min_capacity else self._min_k]
