@@ -8,7 +8,9 @@ other way names a token that the pool has already retired, so it can release not
 
 from __future__ import annotations
 
+import contextlib
 import operator
+import sys
 import typing
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple, NoReturn, Protocol, SupportsIndex
@@ -164,10 +166,10 @@ class BufferHandle:
         try:
             released = self._pool._release(self._buffer, self._token)
         except Exception as error:
-            exc.add_note(f"bucketpool: releasing at the end of the with block: {error!r}")
+            _add_note(exc, f"bucketpool: releasing at the end of the with block: {error!r}")
             return
         if not released:
-            exc.add_note(f"bucketpool: {self._released_message('end of with block')}")
+            _add_note(exc, f"bucketpool: {self._released_message('end of with block')}")
 
     def release(self) -> None:
         """Give the buffer back to the pool.
@@ -324,23 +326,6 @@ class BufferHandle:
             self._guarded = views
         return views
 
-    # -- for the compat adapters ---------------------------------------------------------
-
-    def _claim_kept(self) -> object:
-        """Take what the last release of this buffer kept with it (`release_keeping`)."""
-        buffer = self._buffer
-        kept, buffer.kept = buffer.kept, None  # only the holder touches it between releases
-        return kept
-
-    def _whole(self) -> tuple[tuple[torch.Tensor, ...], _fill.DescriptorArrays]:
-        """The buffer's full-capacity tensors and numpy arrays (never resized)."""
-        return self._buffer.tensors, self._buffer.arrays
-
-    def _release_keeping(self, keep: object) -> None:
-        """`release`, leaving *keep* with the buffer for its next holder."""
-        if not self._pool._release(self._buffer, self._token, keep):
-            raise ReleaseError(self._released_message("release"))
-
     # -- no second holder -----------------------------------------------------------------
 
     def __copy__(self) -> NoReturn:
@@ -372,3 +357,16 @@ _NO_COPY = (
     "a BufferHandle cannot be copied or pickled: it is the one holder of its buffer. "
     "Pass the handle itself, or copy the data out of its views (tensor.clone())"
 )
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """`BaseException.add_note` (3.11+); on 3.10 the same ``__notes__`` list, unprinted."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - 3.10 only
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, list):
+            notes.append(note)
+        else:
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(exc, "__notes__", [note])  # noqa: B010 - not typed on 3.10
