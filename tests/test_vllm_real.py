@@ -165,17 +165,7 @@ def test_random_steps_match_vllms_own_pool(worker_module: types.ModuleType, seed
 
 @pytest.mark.parametrize(
     "install",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 13: the adapter hands out exactly n, so the 0-entry buffer kept "
-                "by a zero-block save fails the worker's capacity assert on the next save",
-            ),
-        ),
-    ],
+    [False, True],
     ids=["vllm-pool", "installed"],
 )
 def test_zero_block_save_after_warm_up(worker_module: types.ModuleType, install: bool) -> None:

@@ -159,7 +159,7 @@ class TraceCase:
             "bucketpool/original": ratio_of(self.samples, "bucketpool", "original"),
             "compat/original": ratio_of(self.samples, "compat", "original"),
         }
-        cap = BucketPool().max_cached_bytes
+        cap = BucketPool().settings.max_cached_bytes
         for impl, warm in zip(self._impls, self._warm, strict=True):
             memory = impl.memory()
             figures[f"{impl.name} ns/op"] = median_of(self.samples[impl.name], "ns")
