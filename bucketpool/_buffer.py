@@ -101,6 +101,7 @@ class Buffer:
     def narrow(self, n: int) -> DescriptorBuffers:
         """Resize the shared views to *n* entries (within the capacity: nothing moves)."""
         views = self.views
+        self.view_n = -1  # until all three are resized (an exception may come in between)
         views[0].resize_(n)
         views[1].resize_(n)
         views[2].resize_(n)

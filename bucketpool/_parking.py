@@ -6,9 +6,9 @@ not done.  That bounds what an acquire spends on parked buffers, however many th
 `collect` and `synchronize` look at every parked buffer instead, since copies on different
 streams finish in any order.
 
-This module keeps the FIFO; the pool keeps the lock.  Methods marked "(lock held)" run
-under the pool's lock and call no user code; `all_done` and `wait` call ``query()`` and
-``synchronize()``, and are only called without it.
+This module keeps the FIFO; the pool keeps the lock and moves buffers in and out of it.
+Methods marked "(lock held)" run under the pool's lock and call no user code; `all_done` and
+`wait` call ``query()`` and ``synchronize()``, and are only called without it.
 """
 
 from __future__ import annotations
@@ -36,40 +36,28 @@ Entry = tuple["Buffer", list["CompletionEvent"]]
 class ParkingLot:
     """The parked buffers of one pool, oldest first."""
 
-    __slots__ = ("_queue", "count")
+    __slots__ = ("count", "queue")
 
     def __init__(self) -> None:
-        self._queue: collections.deque[Entry] = collections.deque()
-        self.count = 0
+        #: Parkings in release order; the pool's moves append and end them (an ended one,
+        #: whose buffer is no longer parked on that events list, stays until `prune`).
+        self.queue: collections.deque[Entry] = collections.deque()
+        self.count = 0  # parkings in effect
 
-    def park(self, buffer: Buffer, events: list[CompletionEvent]) -> None:
-        """(lock held) Park *buffer* until *events* are done."""
-        buffer.events = events
-        buffer.parked = True
-        self.count += 1
-        self._queue.append((buffer, events))
-
-    def unpark(self, entry: Entry) -> bool:
-        """(lock held) End *entry*'s parking; False if it had ended already (a race)."""
-        buffer, events = entry
-        if not (buffer.parked and buffer.events is events):
-            return False
-        buffer.parked = False
-        self.count -= 1
-        queue = self._queue
-        # Entries ended out of order (by `collect`) stay queued until they reach the head.
+    def prune(self) -> None:
+        """(lock held) Drop ended parkings from the head of the queue."""
+        queue = self.queue
         while queue and not _live(queue[0]):
             queue.popleft()
-        return True
 
     def compact(self) -> None:
         """(lock held) Drop every ended parking from the queue (after `collect`)."""
-        self._queue = collections.deque(entry for entry in self._queue if _live(entry))
+        self.queue = collections.deque(entry for entry in self.queue if _live(entry))
 
     def heads(self, limit: int) -> list[Entry]:
         """(lock held) The oldest *limit* parkings still in effect."""
         heads: list[Entry] = []
-        for entry in self._queue:
+        for entry in self.queue:
             if len(heads) == limit:
                 break
             if _live(entry):
@@ -78,7 +66,7 @@ class ParkingLot:
 
     def __iter__(self) -> Iterator[Entry]:
         """(lock held) Every parking still in effect, oldest first."""
-        return (entry for entry in list(self._queue) if _live(entry))
+        return (entry for entry in list(self.queue) if _live(entry))
 
 
 def _live(entry: Entry) -> bool:

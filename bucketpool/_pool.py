@@ -25,10 +25,18 @@ moment (a handle's finaliser, the exit of a ``with`` block in a collected genera
 find its own thread inside the lock; it never waits for it then.  The lock knows its owner
 (``_is_owned()``, which `threading.Condition` relies on too), so such a release goes to
 ``_inbox``, which the next operation drains: the lock is an RLock for that test alone and
-is never re-entered.  Inside the lock a buffer is first put where it goes and then taken
-from where it was, so an exception raised between two steps (a signal handler's
-``KeyboardInterrupt``) cannot lose it.  No decision rests on reference counts, the garbage
-collector's view of the heap, or the GIL: the pool stays correct on a free-threaded build.
+is never re-entered.  No decision rests on reference counts, the garbage collector's view of
+the heap, or the GIL: the pool stays correct on a free-threaded build.
+
+Signals: a signal handler runs, and may raise (``KeyboardInterrupt``), only where the
+interpreter checks for it: at a function's entry, on a loop's backward jump, after a call.
+So a buffer changes place only in a *move* (the methods under "the moves", and the hand-out
+and release fast path spelled out in place): straight-line code that calls nothing but, as
+its last step, one container method.  Everything that may call out (verifying, making room,
+poisoning) comes before the move and moves nothing, so an exception lands before a move or
+after it, and a buffer is always in exactly one place.  The holder (handle or compat tuple)
+is bound inside the hand-out's move, so an acquire interrupted after it leaves a dropped
+holder, whose finaliser brings the buffer back.
 
 Fork: every pool's lock is taken around ``os.fork()``, so a child never inherits a pool in
 the middle of a change.  The child inherits the cached and parked buffers and the records of
@@ -46,7 +54,7 @@ import typing
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import SupportsIndex
+from typing import Protocol, SupportsIndex
 
 import torch
 
@@ -71,6 +79,14 @@ _empty = torch.empty
 
 #: A release the lock could not take at once: (buffer, token, leaked).
 _Deferred = tuple[Buffer, int, bool]
+
+
+class _Holder(Protocol):
+    """What a compat adapter's tuple records of its hand-out (see `BucketPool._lease`)."""
+
+    _token: int
+    _pool: BucketPool | None
+    _buffer: Buffer | None
 
 
 @typing.final
@@ -182,7 +198,7 @@ class BucketPool:
         self._lock = threading.RLock()
         self._inbox: collections.deque[_Deferred] = collections.deque()
         self._buckets = [Bucket(1 << k) for k in range(settings.max_capacity.bit_length())]
-        self._held: set[Buffer] = set()
+        self._held: dict[Buffer, None] = {}  # a set whose add and remove call nothing
         self._parked = ParkingLot()
         self._tick = 0
         self._next_sweep = self._sweep_interval()
@@ -243,10 +259,17 @@ class BucketPool:
         self._lease(n, handle)
         return handle
 
-    def _lease(self, n: SupportsIndex, handle: BufferHandle | None) -> Buffer:
+    def _lease(
+        self,
+        n: SupportsIndex,
+        handle: BufferHandle | None,
+        make: Callable[[Buffer], _Holder] | None = None,
+    ) -> _Holder | None:
         """Hand a buffer out for *n* entries: the one hand-out path (`acquire`, compat).
 
-        *handle*, when given, is made the holder inside the lock.
+        The holder is bound inside the lock, so that from then on its finaliser owns the
+        buffer: *handle*, or (compat) the tuple kept with the buffer, made by *make* when it
+        has none.  Returns that tuple (None for a handle).
         """
         if type(n) is not int or n < 0 or n > self._max_capacity:
             n = check_count(n, self._max_capacity)
@@ -257,29 +280,36 @@ class BucketPool:
         if lock._is_owned():  # type: ignore[attr-defined]
             raise _reentered("acquire")
         fresh: Buffer | None = None
+        held: _Holder | None = None
         while True:
             with lock:
                 free = bucket.free
                 if fresh is not None:
                     # Counted and taken in this one section: nobody sees it cached.
-                    self._count_allocation(bucket)
-                    self._cached_bytes += bucket.nbytes
-                    free.append(fresh)
+                    self._cache_new(fresh, miss=True)
                     fresh = None
                 if free:
-                    # The one hand-out.  Everything up to `free.pop()` calls nothing, so no
-                    # signal handler can run in between: the holder and the counts are
-                    # recorded before the buffer leaves the free list.
+                    buffer = free[-1]
+                    if make is not None:
+                        held = typing.cast("_Holder | None", buffer.kept)
+                        if held is None:  # may be interrupted: nothing has moved yet
+                            held = buffer.kept = make(buffer)
+                    # The one hand-out: a move (see "The locking rule"), ending with the
+                    # buffer recorded as held and off the free list.
                     self._tick = token = self._tick + 1
                     bucket.last_tick = token
                     bucket.takes += 1
-                    buffer = free[-1]
                     buffer.token = token
                     buffer.n = n
                     if handle is not None:
                         handle._buffer = buffer
                         handle._token = token
                         handle._n = n
+                    elif held is not None:
+                        held._token = token
+                        held._pool = self
+                        held._buffer = buffer
+                        buffer.kept = None  # the holder's own until it releases
                     self._active = active = self._active + 1
                     if active > self._active_peak:
                         self._active_peak = active
@@ -288,8 +318,8 @@ class BucketPool:
                         self._active_bytes_peak = active_bytes
                     self._cached_bytes -= bucket.nbytes
                     self._requested_entries += n
-                    free.pop()
-                    self._held.add(buffer)
+                    self._held[buffer] = None
+                    free.pop()  # last: a signal handler may run after a call
                     break
             fresh = self._refill(bucket)
         if self._level:
@@ -298,7 +328,7 @@ class BucketPool:
             self._maintain(token)
         if self._tracing:
             buffer.site = _debug.site(self._full_stack)
-        return buffer
+        return held
 
     def _refill(self, bucket: Bucket) -> Buffer | None:
         """The bucket had nothing free: retire finished parked buffers, else allocate one.
@@ -323,11 +353,9 @@ class BucketPool:
         )
         return Buffer(bucket, tensors, self._level == 2)
 
-    def _count_allocation(self, bucket: Bucket, miss: bool = True) -> None:
-        """(lock held) Account a buffer that was just allocated (for an acquire: a miss).
-
-        Calls nothing, so a signal handler cannot interrupt it half-way.
-        """
+    def _cache_new(self, buffer: Buffer, miss: bool) -> None:
+        """(lock held; a move) Account a new buffer and cache it (for an acquire: a miss)."""
+        bucket = buffer.bucket
         bucket.last_tick = self._tick  # not idle: the idle sweep must leave it be
         if miss:
             bucket.misses += 1
@@ -340,6 +368,8 @@ class BucketPool:
             self._allocations_peak = allocations
         if allocated_bytes > self._allocated_bytes_peak:
             self._allocated_bytes_peak = allocated_bytes
+        self._cached_bytes += bucket.nbytes
+        bucket.free.append(buffer)
 
     # -- release ----------------------------------------------------------------------------
 
@@ -362,12 +392,13 @@ class BucketPool:
             )
         handle.release()
 
-    def _release(self, buffer: Buffer, token: int, keep: object = None) -> bool:
+    def _release(self, buffer: Buffer, token: int, keep: _Holder | None = None) -> bool:
         """End the hand-out *token* of *buffer*; the one release path.
 
         Every release comes here: a handle's `release` and ``with`` exit, the compat
         adapters; leak recovery goes through the inbox to `_take_back`, as this does.
-        *keep* stays with the buffer for its next holder (the compat adapters' tuple).
+        *keep* (a compat adapter's tuple) stays with the buffer for its next holder; the
+        move that caches or parks the buffer clears the tuple's record of the hand-out.
         Returns False, changing nothing, when the hand-out was over already.  Raises,
         after the release took effect, what an event's ``query()`` raised, or (debug
         levels) `InFlightWriteError`.
@@ -403,66 +434,143 @@ class BucketPool:
                 and len(bucket.free) < self._max_cached_per_bucket
                 and self._cached_bytes + bucket.nbytes <= self._max_cached_bytes
             ):
-                # The common case of `_take_back`, spelled out: no events, no checks, and
-                # the cache has room.  Cached first, then no longer held.
+                # The common case of `_take_back`, spelled out (the move `_cache_held`,
+                # without its call): no events, no checks, and the cache has room.
+                del self._held[buffer]
                 buffer.token = 0
                 buffer.events = None
+                if keep is not None:
+                    keep._buffer = keep._pool = None  # kept with the buffer: no cycle
                 buffer.kept = keep
                 self._active -= 1
                 self._active_bytes -= bucket.nbytes
                 self._cached_bytes += bucket.nbytes
                 bucket.free.append(buffer)
-                self._held.discard(buffer)
                 return True
             buffer.released_at = released_at
-            buffer.kept = keep
-            problem = self._take_back(buffer, pending)
+            problem = self._take_back(buffer, pending, keep)
         if error is not None:
             raise error
         if problem is not None:
             raise InFlightWriteError(problem)
         return True
 
-    def _take_back(self, buffer: Buffer, pending: list[CompletionEvent] | None) -> str | None:
-        """(lock held) End *buffer*'s hand-out: park it, or retire it.
+    def _take_back(
+        self, buffer: Buffer, pending: list[CompletionEvent] | None, keep: _Holder | None = None
+    ) -> str | None:
+        """(lock held) End *buffer*'s hand-out: park it, or retire it (cache or free).
 
-        Returns the in-flight-write problem found at retirement (debug levels), if any.
+        Everything that calls out comes first and moves nothing; then one move.  Returns
+        the in-flight-write problem found at retirement (debug levels), if any.
         """
-        buffer.token = 0
-        bucket = buffer.bucket
-        self._active -= 1
-        self._active_bytes -= bucket.nbytes
         if buffer.handed_arrays:
             buffer.end_hand_out()
-        problem = None
         if pending:
-            self._parked.park(buffer, pending)
+            self._park_held(buffer, pending, keep)
+            return None
+        problem, cache = self._prepare_retire(buffer)
+        if cache:
+            self._cache_held(buffer, keep)
         else:
-            problem = self._retire(buffer)
-        self._held.discard(buffer)
+            self._free_held(buffer)
         return problem
 
-    def _retire(self, buffer: Buffer) -> str | None:
-        """(lock held) A buffer's hand-out and events are over: verify, then cache or free it."""
-        buffer.events = None
-        problem = None
-        if self._level:
-            problem = self._verify(buffer)
+    def _prepare_retire(self, buffer: Buffer) -> tuple[str | None, bool]:
+        """(lock held) Verify *buffer* before it retires; say if it is cached or freed.
+
+        Verifies at the debug levels; returns the problem found and True when the buffer
+        is to be cached (room made, by freeing least recently used others) or False when
+        it is to be freed.  Moves no buffer but those others.
+        """
+        problem = self._verify(buffer) if self._level else None
         bucket = buffer.bucket
         s = self._settings
         cached = len(bucket.free)
-        if cached < s.max_cached_per_bucket:
-            if self._cached_bytes + bucket.nbytes > s.max_cached_bytes:
-                if (cached + 1) * bucket.nbytes > s.max_cached_bytes:
-                    self._free(bucket)  # cannot fit even alone: evicting others is no use
-                    return problem
-                # It fits once the least recently used other buckets make room.
-                self._trim_to(s.max_cached_bytes - bucket.nbytes, keep=bucket)
-            self._cached_bytes += bucket.nbytes
-            bucket.free.append(buffer)
-        else:
-            self._free(bucket)
-        return problem
+        if cached >= s.max_cached_per_bucket:
+            return problem, False
+        if self._cached_bytes + bucket.nbytes > s.max_cached_bytes:
+            if (cached + 1) * bucket.nbytes > s.max_cached_bytes:
+                return problem, False  # cannot fit even alone: evicting others is no use
+            # It fits once the least recently used other buckets make room.
+            self._trim_to(s.max_cached_bytes - bucket.nbytes, keep=bucket)
+        return problem, True
+
+    # -- the moves ----------------------------------------------------------------------------
+    # Each takes a buffer from one place to another in code that calls nothing (or, last,
+    # one container method), so that a signal handler's exception is raised before a move
+    # or after it, never inside (see "The locking rule").  All run with the lock held.
+
+    def _cache_held(self, buffer: Buffer, keep: _Holder | None) -> None:
+        """Held -> free, *keep* (if any) kept with it."""
+        bucket = buffer.bucket
+        del self._held[buffer]
+        buffer.token = 0
+        buffer.events = None
+        if keep is not None:
+            keep._buffer = keep._pool = None
+        buffer.kept = keep
+        self._active -= 1
+        self._active_bytes -= bucket.nbytes
+        self._cached_bytes += bucket.nbytes
+        bucket.free.append(buffer)
+
+    def _free_held(self, buffer: Buffer) -> None:
+        """Held -> freed."""
+        bucket = buffer.bucket
+        del self._held[buffer]
+        buffer.token = 0
+        buffer.events = None
+        self._active -= 1
+        self._active_bytes -= bucket.nbytes
+        bucket.allocated -= 1
+        self._freed_total += 1
+        self._freed_bytes_total += bucket.nbytes
+
+    def _park_held(
+        self, buffer: Buffer, pending: list[CompletionEvent], keep: _Holder | None
+    ) -> None:
+        """Held -> parked until every event in *pending* is done, *keep* kept with it."""
+        bucket = buffer.bucket
+        parked = self._parked
+        del self._held[buffer]
+        buffer.token = 0
+        if keep is not None:
+            keep._buffer = keep._pool = None
+        buffer.kept = keep
+        buffer.events = pending
+        buffer.parked = True
+        self._active -= 1
+        self._active_bytes -= bucket.nbytes
+        parked.count += 1
+        parked.queue.append((buffer, pending))
+
+    def _cache_parked(self, buffer: Buffer) -> None:
+        """Parked -> free."""
+        bucket = buffer.bucket
+        buffer.parked = False
+        buffer.events = None
+        self._parked.count -= 1
+        self._cached_bytes += bucket.nbytes
+        bucket.free.append(buffer)
+
+    def _free_parked(self, buffer: Buffer) -> None:
+        """Parked -> freed."""
+        bucket = buffer.bucket
+        buffer.parked = False
+        buffer.events = None
+        self._parked.count -= 1
+        bucket.allocated -= 1
+        self._freed_total += 1
+        self._freed_bytes_total += bucket.nbytes
+
+    def _uncache(self, bucket: Bucket) -> int:
+        """Free -> freed: *bucket*'s least recently released cached buffer; return bytes."""
+        self._cached_bytes -= bucket.nbytes
+        bucket.allocated -= 1
+        self._freed_total += 1
+        self._freed_bytes_total += bucket.nbytes
+        bucket.free.popleft()
+        return bucket.nbytes
 
     def _verify(self, buffer: Buffer) -> str | None:
         """(lock held, debug levels) Check the in-flight checksum, then poison the buffer."""
@@ -525,15 +633,15 @@ class BucketPool:
                 if buffer.token != token:
                     inbox.popleft()
                     continue  # released in between: nothing to do
-                if leaked:
-                    self._leaks += 1
-                    leaks.append((buffer.n, buffer.site))
                 # Events are not queried here (no user code under the lock): a buffer
                 # with events parks, and the next poll retires it.
                 problem = self._take_back(buffer, buffer.events)
-                inbox.popleft()
+                if leaked:
+                    self._leaks += 1
+                    leaks.append((buffer.n, buffer.site))
                 if problem is not None:
                     problems.append(problem)
+                inbox.popleft()
         for n, where in leaks:
             line = _debug.line_of(where)
             key = line or n  # sites unknown: once per n
@@ -591,11 +699,17 @@ class BucketPool:
         """Retire parked *entries* whose events are done; return problems found."""
         problems: list[str] = []
         with self._lock:
-            for entry in entries:
-                if self._parked.unpark(entry):  # else another thread retired it first
-                    problem = self._retire(entry[0])
-                    if problem is not None:
-                        problems.append(problem)
+            for buffer, events in entries:
+                if not (buffer.parked and buffer.events is events):
+                    continue  # another thread retired it first
+                problem, cache = self._prepare_retire(buffer)
+                if cache:
+                    self._cache_parked(buffer)
+                else:
+                    self._free_parked(buffer)
+                if problem is not None:
+                    problems.append(problem)
+            self._parked.prune()
         return problems
 
     def collect(self) -> int:
@@ -647,12 +761,6 @@ class BucketPool:
 
     # -- caching, trimming ------------------------------------------------------------------
 
-    def _free(self, bucket: Bucket) -> None:
-        """(lock held) Account a buffer of *bucket* that is dropped; its memory goes back."""
-        bucket.allocated -= 1
-        self._freed_total += 1
-        self._freed_bytes_total += bucket.nbytes
-
     def _trim_to(self, max_bytes: int, keep: Bucket | None) -> int:
         """(lock held) Free cached buffers, LRU bucket first, down to *max_bytes*."""
         freed = 0
@@ -660,13 +768,6 @@ class BucketPool:
             while bucket.free and bucket is not keep and self._cached_bytes > max_bytes:
                 freed += self._uncache(bucket)
         return freed
-
-    def _uncache(self, bucket: Bucket) -> int:
-        """(lock held) Free *bucket*'s least recently released cached buffer; return bytes."""
-        self._cached_bytes -= bucket.nbytes
-        self._free(bucket)
-        bucket.free.popleft()
-        return bucket.nbytes
 
     def _sweep_interval(self) -> int:
         # An idle bucket is trimmed at most idle_trim_acquires * 5 / 4 acquires after its
@@ -711,9 +812,10 @@ class BucketPool:
         with self._lock:
             bucket.last_tick = self._tick
             for buffer in buffers:
-                self._count_allocation(bucket, miss=False)
                 buffer.n = bucket.capacity  # the debug levels poison all of it
-                self._retire(buffer)
+                _, cache = self._prepare_retire(buffer)
+                if cache:  # else another thread filled the cache since the check above
+                    self._cache_new(buffer, miss=False)
 
     def trim(self, max_bytes: SupportsIndex = 0) -> int:
         """Free cached buffers until at most *max_bytes* stay cached; return bytes freed.

@@ -134,16 +134,8 @@ class _Adapter(typing.Generic[_Buffers]):
             TypeError: *n* is a bool or not an integer.
             ValueError: *n* is negative or above the pool's ``max_capacity``.
         """
-        buffer: Buffer = self.pool._lease(n, None)
-        bufs = typing.cast("_HeldBuffers | _HeldAliasedBuffers | None", buffer.kept)
-        if bufs is None:
-            bufs = self._triple(buffer)
-        else:
-            buffer.kept = None  # the holder's own field until it releases
-        bufs._token = buffer.token
-        bufs._pool = self.pool
-        bufs._buffer = buffer
-        return typing.cast("_Buffers", bufs)
+        # The pool binds the tuple to the hand-out inside its lock (see `BucketPool._lease`).
+        return typing.cast("_Buffers", self.pool._lease(n, None, self._triple))
 
     def _triple(self, buffer: Buffer) -> _HeldBuffers | _HeldAliasedBuffers:
         """The tuple of *buffer*'s whole tensors (and arrays) that stays with the buffer."""
@@ -187,7 +179,8 @@ class _Adapter(typing.Generic[_Buffers]):
                     self.pool._record(buffer, buffer.n, event)
                 except InFlightWriteError as error:  # recorded all the same: release, then say
                     problem = error
-        held._buffer = held._pool = None  # before the release keeps it: no cycle
+        # The release's move keeps the tuple with the buffer and clears the tuple's record
+        # of the hand-out (no reference cycle), in one step that nothing can interrupt.
         if not self.pool._release(buffer, token, held):
             raise ReleaseError(self._refusal(bufs))
         if problem is not None:
