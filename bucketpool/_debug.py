@@ -38,6 +38,8 @@ __all__ = [
 ]
 
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+#: The benchmark is a user of the pool: sites stop at its frames, as at any caller's.
+_BENCH_DIR = _PACKAGE_DIR + "bench" + os.sep
 
 #: Where something happened: file and line, the whole stack (``trace=True``), or unknown.
 Site = tuple[str, int] | traceback.StackSummary | None
@@ -54,7 +56,10 @@ def site(full_stack: bool) -> Site:
         frame: FrameType | None = sys._getframe(3)
     except ValueError:  # a shallower stack than the pool's own paths make
         frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_PACKAGE_DIR) or name.startswith(_BENCH_DIR):
+            break
         frame = frame.f_back
     if frame is None:
         return None

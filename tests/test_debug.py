@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import typing
 import warnings
 
 import numpy as np
@@ -293,3 +294,18 @@ def test_shrink_resizes_the_with_views_in_place_and_checks_count() -> None:
             handle.shrink(True)
     with pytest.raises(ReleaseError, match="shrink"):
         handle.shrink(1)
+
+
+def test_sites_stop_at_the_benchmarks_frames() -> None:
+    """The benchmark (inside the package) is a caller: its frames are the sites, and the
+    search for one does not walk up through them (which cost the checks level a third)."""
+    from bucketpool import _debug
+
+    pool = BucketPool(debug="checks")  # file and line sites
+    source = "def grab(pool):\n    return pool.acquire(3)\n"
+    code = compile(source, _debug._BENCH_DIR + "x.py", "exec")
+    namespace: dict[str, typing.Any] = {}
+    exec(code, namespace)
+    handle = namespace["grab"](pool)
+    assert handle.acquired_at == f"{_debug._BENCH_DIR}x.py:2"
+    handle.release()
