@@ -86,7 +86,7 @@ class BufferHandle:
         if buffer.token == token:  # tokens never come back: a mismatch is final
             # Queued first, in one step: from here on the pool takes the buffer back.
             pool._inbox.append((buffer, token, True))
-            pool._drain()
+            pool._drain_from_finaliser()
 
     # -- what the holder sees -------------------------------------------------------------
 
@@ -249,7 +249,7 @@ class BufferHandle:
             )
         if self._buffer.token != self._token:
             self._refuse("record_event")
-        self._pool._record(self._buffer, self._n, event)
+        self._pool._record(self._buffer, event)
 
     def add_copies(
         self,
@@ -338,6 +338,8 @@ class BufferHandle:
         raise TypeError(_NO_COPY)
 
     def __repr__(self) -> str:
+        if not hasattr(self, "_buffer"):  # made with object.__new__, never handed out
+            return "<BufferHandle never handed out>"
         state = "released" if self.released else "live"
         where = self.acquired_at
         at = "" if where is None else f" acquired at {where}"

@@ -50,6 +50,7 @@ import contextlib
 import operator
 import os
 import threading
+import time
 import typing
 import warnings
 import weakref
@@ -278,7 +279,7 @@ class BucketPool:
             self._drain()
         lock = self._lock
         if lock._is_owned():  # type: ignore[attr-defined]
-            raise _reentered("acquire")
+            raise _reentered("acquire")  # `_outside`, inlined on the hot path
         fresh: Buffer | None = None
         held: _Holder | None = None
         while True:
@@ -385,6 +386,11 @@ class BucketPool:
             raise TypeError(
                 f"release takes a BufferHandle from acquire(), got {type(handle).__name__}"
             )
+        if not hasattr(handle, "_buffer"):
+            raise ReleaseError(
+                "release: this handle was never handed out (made without acquire()); release "
+                "only what acquire() returned"
+            )
         if handle._pool is not self:
             raise ReleaseError(
                 f"release: this handle (n={handle.n}) was handed out by another pool, "
@@ -472,7 +478,7 @@ class BucketPool:
         if cache:
             self._cache_held(buffer, keep)
         else:
-            self._free_held(buffer)
+            self._free_held(buffer, keep)
         return problem
 
     def _prepare_retire(self, buffer: Buffer) -> tuple[str | None, bool]:
@@ -514,12 +520,14 @@ class BucketPool:
         self._cached_bytes += bucket.nbytes
         bucket.free.append(buffer)
 
-    def _free_held(self, buffer: Buffer) -> None:
-        """Held -> freed."""
+    def _free_held(self, buffer: Buffer, keep: _Holder | None) -> None:
+        """Held -> freed; *keep* (if any) no longer refers to it."""
         bucket = buffer.bucket
         del self._held[buffer]
         buffer.token = 0
         buffer.events = None
+        if keep is not None:
+            keep._buffer = keep._pool = None
         self._active -= 1
         self._active_bytes -= bucket.nbytes
         bucket.allocated -= 1
@@ -589,8 +597,13 @@ class BucketPool:
         buffer.poisoned = buffer.n
         return problem
 
-    def _record(self, buffer: Buffer, n: int, event: CompletionEvent) -> None:
-        """Add *event* to the holder's events (called by the holder: no lock needed)."""
+    def _record(self, buffer: Buffer, event: CompletionEvent) -> None:
+        """Add *event* to the holder's events (called by the holder: no lock needed).
+
+        Checksums cover the hand-out's whole ``n`` entries, as `_verify` does, also when
+        the holder shrank its views.
+        """
+        n = buffer.n
         events = buffer.events
         if self._level and events and buffer.checksum is not None:
             # Descriptors may change between copies, but not while an earlier one is in
@@ -613,6 +626,17 @@ class BucketPool:
             events.append(event)
         if self._level:
             buffer.checksum = _debug.checksum(buffer.arrays, n)
+
+    def _drain_from_finaliser(self) -> None:
+        """`_drain`, for a finaliser that has just queued a dropped holder's buffer.
+
+        Drains at once unless this thread is inside any pool (a collection there ran the
+        finaliser): it must not wait for a lock then, as another thread holding this pool's
+        lock may be waiting for that one, or holding every lock around ``os.fork()``.  The
+        next operation on this pool drains it otherwise.
+        """
+        if not any(pool._lock._is_owned() for pool in list(_pools)):  # type: ignore[attr-defined]
+            self._drain()
 
     def _drain(self) -> None:
         """Take back what finalisers queued (leaks, deferred releases), then report leaks.
@@ -664,14 +688,20 @@ class BucketPool:
         """Warn, at *line* (a user's file and line) when known; never raise from here.
 
         Warnings here report what some earlier code did (a leak, a stale write) and may run
-        in a finaliser or in another caller's operation: ``-W error`` must not turn them
-        into an exception in the wrong place.
+        in a finaliser or in another caller's operation.  A filter that turns the warning
+        into an error (``-W error``, ``simplefilter("error", LeakWarning)``) must not raise
+        it in the wrong place, nor hide it: the error goes to ``sys.unraisablehook``, as
+        an exception raised in a finaliser does (printed as "Exception ignored", and
+        reported by pytest).
         """
-        with contextlib.suppress(Exception):
+        try:
             if line is None:
                 warnings.warn(message, category, stacklevel=3)
             else:
                 warnings.warn_explicit(message, category, line[0], line[1], module="bucketpool")
+        except Exception as error:
+            with contextlib.suppress(Exception):
+                _Unraisable(error)
 
     # -- parked buffers -----------------------------------------------------------------------
 
@@ -723,7 +753,7 @@ class BucketPool:
             InFlightWriteError: (debug levels) a retired buffer's descriptors changed while
                 in flight; every finished buffer was still retired.
         """
-        return self._settle(all_done)
+        return self._settle(all_done, "collect")
 
     def synchronize(self) -> None:
         """Wait for every parked buffer's events, then retire them all (for shutdown).
@@ -735,10 +765,11 @@ class BucketPool:
                 retired, and buffers whose event raised stay parked.
             InFlightWriteError: (debug levels), as for `collect`.
         """
-        self._settle(_waited)
+        self._settle(_waited, "synchronize")
 
-    def _settle(self, finished: Callable[[list[CompletionEvent]], bool]) -> int:
+    def _settle(self, finished: Callable[[list[CompletionEvent]], bool], operation: str) -> int:
         """Ask *finished* about every parked buffer (outside the lock), retire those done."""
+        self._outside(operation)
         self._drain()
         with self._lock:
             entries = list(self._parked)
@@ -794,6 +825,7 @@ class BucketPool:
             TypeError, ValueError: a bad *n* (as for `acquire`) or *count*, or a reservation
                 that the caps (``max_cached_bytes``, ``max_cached_per_bucket``) would not keep.
         """
+        self._outside("reserve")
         size = check_count(n, self._max_capacity, "reserve")
         number = _non_negative("reserve", "count", count)
         bucket = self._bucket_for(size)
@@ -827,6 +859,7 @@ class BucketPool:
             TypeError, ValueError: *max_bytes* is not an integer, or is negative.
         """
         limit = _non_negative("trim", "max_bytes", max_bytes)
+        self._outside("trim")
         self._drain()
         with self._lock:
             return self._trim_to(limit, keep=None)
@@ -844,6 +877,7 @@ class BucketPool:
         level), where it was acquired.  Read from the pool's own records: the cost is in
         proportion to what is out, whatever else the process holds.  Thread-safe.
         """
+        self._outside("outstanding")
         self._drain()
         with self._lock:
             out = [(b.token, b.n, b.bucket.capacity, b.site) for b in self._held]
@@ -863,6 +897,7 @@ class BucketPool:
         A buffer that has none yet (never handed out through the adapter, or its tuple was
         dropped unreleased) gets ``make(buffer)``, the adapter's own constructor.
         """
+        self._outside("_pool")
         self._drain()
         with self._lock:
             kept = []
@@ -875,6 +910,7 @@ class BucketPool:
 
     def stats(self) -> PoolStats:
         """Return a consistent snapshot of the counters (see `PoolStats`).  Thread-safe."""
+        self._outside("stats")
         self._drain()
         with self._lock:
             buckets = [
@@ -905,11 +941,22 @@ class BucketPool:
 
     def reset_peak_stats(self) -> None:
         """Set every peak to its current value."""
+        self._outside("reset_peak_stats")
         with self._lock:
             self._active_peak = self._active
             self._active_bytes_peak = self._active_bytes
             self._allocations_peak = self._allocations_total - self._freed_total
             self._allocated_bytes_peak = self._allocated_bytes_total - self._freed_bytes_total
+
+    def _outside(self, operation: str) -> None:
+        """Refuse *operation* when this thread is inside the pool already.
+
+        That happens only in a finaliser or signal handler that interrupted this thread in
+        the middle of a pool call: the pool's records may be half-way through a change
+        there, and the lock must not be re-entered.
+        """
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            raise _reentered(operation)
 
     def bucket_capacity(self, n: SupportsIndex) -> int:
         """Return the capacity of the bucket that serves *n* in this pool.
@@ -957,11 +1004,28 @@ def _non_negative(operation: str, name: str, value: object) -> int:
     return number
 
 
+class _Unraisable:
+    """Hand *error* to ``sys.unraisablehook``.
+
+    Made and dropped at once: its finaliser raises the error, and the interpreter reports an
+    exception raised in a finaliser there.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __del__(self) -> None:
+        raise self.error
+
+
 def _reentered(operation: str) -> PoolError:
     return PoolError(
         f"{operation} was called from a finaliser or signal handler that interrupted this "
-        "thread inside the same pool; the pool cannot serve it without deadlocking. Acquire "
-        "outside finalisers and signal handlers"
+        "thread inside the same pool, whose records may be half-way through a change; call "
+        f"{operation} outside finalisers and signal handlers (releases are fine there: they "
+        "are queued)"
     )
 
 
@@ -973,17 +1037,49 @@ _NO_COPY = (
 # -- fork ---------------------------------------------------------------------------------
 
 _pools: weakref.WeakSet[BucketPool] = weakref.WeakSet()
-_fork_locks = contextlib.ExitStack()
+_fork_pools: list[BucketPool] = []
 
 
 def _before_fork() -> None:
-    for pool in list(_pools):
-        if not pool._lock._is_owned():  # type: ignore[attr-defined]
-            _fork_locks.enter_context(pool._lock)
+    """Hold every pool's lock across ``os.fork()``, so no child inherits a change half-made.
+
+    The locks are taken with a short timeout, and all let go and tried again when one is
+    busy: a thread inside one pool may be waiting for another's lock (a finaliser or a
+    collected ``with`` block of that pool), and waiting for all in turn could deadlock with
+    it.  This and `_after_fork` are the one place the locks are not taken with ``with``: a
+    hold across the fork has no block to live in.  A lock that this thread owns after an
+    exception is let go, so an interrupt here leaks none.
+    """
+    pools = [pool for pool in list(_pools) if not pool._lock._is_owned()]  # type: ignore[attr-defined]
+    try:
+        while not _take_all(pools):
+            time.sleep(_FORK_RETRY_SECONDS)
+    except BaseException:
+        _let_go(pools)
+        raise
+    _fork_pools[:] = pools
+
+
+def _take_all(pools: list[BucketPool]) -> bool:
+    for pool in pools:
+        if not pool._lock.acquire(timeout=_FORK_RETRY_SECONDS):
+            _let_go(pools)
+            return False
+    return True
+
+
+def _let_go(pools: list[BucketPool]) -> None:
+    for pool in pools:
+        if pool._lock._is_owned():  # type: ignore[attr-defined]
+            pool._lock.release()
 
 
 def _after_fork() -> None:
-    _fork_locks.close()
+    pools, _fork_pools[:] = list(_fork_pools), []
+    _let_go(pools)
+
+
+_FORK_RETRY_SECONDS = 0.001
 
 
 if hasattr(os, "register_at_fork"):

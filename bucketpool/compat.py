@@ -80,20 +80,41 @@ class _Holding:
     cycle.  ``_owner`` is the ``id()`` of the pool, for telling a double release from a
     foreign tuple in messages.
     Dropping a tuple unreleased reports a leak and takes its buffer back, as for a
-    `BufferHandle`.
+    `BufferHandle`.  ``copy``, ``deepcopy`` and ``pickle`` give the public tuple class
+    (``DescriptorBuffers`` or ``AliasedDescriptorBuffers``) holding the data: a copy is
+    never a second holder.
     """
 
     _buffer: Buffer | None
     _token: int
     _pool: BucketPool | None
     _owner: int
+    _public: typing.ClassVar[type[DescriptorBuffers] | type[AliasedDescriptorBuffers]]
+
+    def __copy__(self) -> DescriptorBuffers | AliasedDescriptorBuffers:
+        # A copy is the data, never a second holder: the public tuple of the same tensors,
+        # which `release` refuses as not acquired from the pool.
+        return self._public(*self._items())
+
+    def __deepcopy__(self, memo: dict[int, object]) -> DescriptorBuffers | AliasedDescriptorBuffers:
+        tensors = [tensor.clone() for tensor in self._items()[:3]]
+        aliases = (
+            [tensor.numpy() for tensor in tensors] if self._public is not DescriptorBuffers else []
+        )
+        return self._public(*tensors, *aliases)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[object, ...]:
+        return (self._public, self._items())
+
+    def _items(self) -> tuple[typing.Any, ...]:
+        return tuple(typing.cast("tuple[typing.Any, ...]", self))
 
     def __del__(self) -> None:
         buffer = self.__dict__.get("_buffer")
         pool = self.__dict__.get("_pool")
         if buffer is not None and pool is not None and buffer.token == self._token:
             pool._inbox.append((buffer, self._token, True))  # as a BufferHandle's finaliser
-            pool._drain()
+            pool._drain_from_finaliser()
 
 
 # The tuples the adapters hand out: the public classes plus a __dict__ (no __slots__ on
@@ -111,6 +132,7 @@ for _held, _public in (
     (_HeldAliasedBuffers, AliasedDescriptorBuffers),
 ):
     _held.__name__ = _held.__qualname__ = _public.__name__  # reprs and messages say the public name
+    _held._public = _public
 
 _Buffers = typing.TypeVar("_Buffers", DescriptorBuffers, AliasedDescriptorBuffers)
 
@@ -176,7 +198,7 @@ class _Adapter(typing.Generic[_Buffers]):
                 )
             if buffer.token == token:
                 try:
-                    self.pool._record(buffer, buffer.n, event)
+                    self.pool._record(buffer, event)
                 except InFlightWriteError as error:  # recorded all the same: release, then say
                     problem = error
         # The release's move keeps the tuple with the buffer and clears the tuple's record

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import copy
 import gc
+import pickle
+import typing
+from collections.abc import Callable
 from unittest import mock
 
 import numpy as np
@@ -310,3 +314,39 @@ def test_the_backing_pool_is_a_bucket_pool() -> None:
     pool = DescriptorBufferPool(dtype=torch.uint64)
     assert isinstance(pool.pool, bucketpool.BucketPool)
     assert pool.pool.settings.dtype == torch.uint64
+
+
+@pytest.mark.parametrize("adapter", [DescriptorBufferPool, AliasedDescriptorBufferPool])
+@pytest.mark.parametrize(
+    "duplicate",
+    [copy.copy, copy.deepcopy, lambda bufs: pickle.loads(pickle.dumps(bufs))],
+    ids=["copy", "deepcopy", "pickle"],
+)
+def test_a_copy_of_a_tuple_is_its_data_never_a_second_holder(
+    adapter: type[DescriptorBufferPool | AliasedDescriptorBufferPool],
+    duplicate: Callable[[object], object],
+) -> None:
+    pool = adapter()
+    release = typing.cast("Callable[[object], None]", pool.release)
+    bufs = pool.acquire(5)
+    bufs[2][:5] = torch.arange(5)
+    dup = typing.cast("DescriptorBuffers", duplicate(bufs))
+    assert type(dup) in (DescriptorBuffers, AliasedDescriptorBuffers)  # the public class
+    assert torch.equal(dup[2], bufs[2])
+    with pytest.raises(ReleaseError, match="not acquired from this pool"):
+        release(dup)
+    release(bufs)  # the holder's release still works, once
+    with pytest.raises(ReleaseError, match="already released"):
+        release(bufs)
+    stats = pool.pool.stats()
+    assert (stats.active_requests.current, stats.leaks) == (0, 0)
+
+
+def test_a_deep_copy_of_the_six_fields_keeps_its_aliases() -> None:
+    pool = AliasedDescriptorBufferPool()
+    bufs = pool.acquire(4)
+    dup = copy.deepcopy(bufs)
+    dup.src_np[0] = 7
+    assert int(dup.src_ptrs[0]) == 7  # its numpy fields alias its own tensors
+    assert dup.src_ptrs.data_ptr() != bufs.src_ptrs.data_ptr()
+    pool.release(bufs)

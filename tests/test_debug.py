@@ -309,3 +309,60 @@ def test_sites_stop_at_the_benchmarks_frames() -> None:
     handle = namespace["grab"](pool)
     assert handle.acquired_at == f"{_debug._BENCH_DIR}x.py:2"
     handle.release()
+
+
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_shrinking_before_recording_the_event_is_no_in_flight_write(
+    level: typing.Literal["checks", "strict"],
+) -> None:
+    """The README's asynchronous example: fill, shrink to what was written, record."""
+    pool = BucketPool(debug=level)
+    event = _Event()
+    handle = pool.acquire(10)
+    with handle:
+        end = handle.add_copies(0, [16, 32], [48, 64], 8)
+        handle.shrink(end)
+        handle.record_event(event)
+    event.done = True
+    assert pool.collect() == 1  # no InFlightWriteError: nothing changed
+
+
+def test_a_rewrite_past_the_shrunk_views_is_still_an_in_flight_write() -> None:
+    pool = BucketPool(debug="checks")
+    handle = pool.acquire(10)
+    handle.add_copies(0, [16, 32, 48], [48, 64, 80], 8)
+    arrays = handle.arrays  # all 10 entries, kept from before the shrink
+    handle.shrink(2)
+    handle.record_event(_Event())
+    arrays[2][5] = 99
+    with pytest.raises(InFlightWriteError, match="changed while an earlier recorded copy"):
+        handle.record_event(_Event())
+    handle.release()
+
+
+def test_a_leak_under_an_error_filter_reaches_the_unraisable_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """simplefilter("error", LeakWarning) must not hide a leak: the error cannot be raised in
+    a finaliser or another caller's call, so it goes where Python reports those."""
+    reported: list[BaseException | None] = []
+
+    def hook(unraisable: typing.Any) -> None:
+        reported.append(unraisable.exc_value)
+
+    monkeypatch.setattr(sys, "unraisablehook", hook)
+    pool = BucketPool(debug="checks")
+    gc.collect()  # other tests' garbage first
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LeakWarning)
+        leak_one(pool)
+        gc.collect()
+        pool.stats()  # no error here: this call did not leak anything
+    ours = [error for error in reported if "n=77 was never released" in str(error)]
+    assert [type(error) for error in ours] == [LeakWarning]
+    assert pool.stats().leaks == 1
+    assert pool.stats().active_requests.current == 0
+
+
+def leak_one(pool: BucketPool) -> None:
+    pool.acquire(77)  # dropped at once

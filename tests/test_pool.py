@@ -4,7 +4,9 @@ import contextlib
 import gc
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -1195,6 +1197,38 @@ def test_acquire_from_inside_the_pool_raises_instead_of_deadlocking() -> None:
     assert pool.stats().active_requests.current == 0
 
 
+@pytest.mark.parametrize(
+    ("operation", "call"),
+    [
+        ("trim", lambda pool: pool.trim(0)),
+        ("trim", lambda pool: pool.empty_cache()),
+        ("reserve", lambda pool: pool.reserve(3)),
+        ("collect", lambda pool: pool.collect()),
+        ("synchronize", lambda pool: pool.synchronize()),
+        ("stats", lambda pool: pool.stats()),
+        ("outstanding", lambda pool: pool.outstanding()),
+        ("reset_peak_stats", lambda pool: pool.reset_peak_stats()),
+    ],
+)
+def test_every_operation_from_inside_the_pool_raises_and_changes_nothing(
+    operation: str, call: Callable[[BucketPool], object]
+) -> None:
+    """A finaliser or signal handler that interrupted this thread inside the pool finds its
+    records half-way through a change: trimming or reserving there corrupted them."""
+    pool = BucketPool()
+    for n in (3, 40, 3):
+        with pool.acquire(n):
+            pass
+    handle = pool.acquire(3)
+    before = pool.stats()
+    with pool._lock, pytest.raises(PoolError, match=f"^{operation} was called from a finaliser"):
+        call(pool)
+    assert pool.stats() == before
+    handle.release()
+    stats = pool.stats()
+    assert stats.allocations.current == sum(b.cached + b.active + b.parked for b in stats.buckets)
+
+
 def test_a_release_from_inside_the_pool_waits_in_the_inbox() -> None:
     pool = BucketPool()
     handle = pool.acquire(3)
@@ -1263,3 +1297,51 @@ def test_settings_are_read_only_and_resolved() -> None:
     with pytest.raises(AttributeError):
         pool.settings = settings  # type: ignore[misc]
     assert not hasattr(pool, "max_capacity")
+
+
+def test_releasing_a_handle_never_handed_out_is_a_release_error(pool: BucketPool) -> None:
+    forged = object.__new__(BufferHandle)
+    assert repr(forged) == "<BufferHandle never handed out>"
+    with pytest.raises(ReleaseError, match="never handed out"):
+        pool.release(forged)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_while_a_thread_inside_one_pool_drops_a_leaked_handle_of_another() -> None:
+    """The fork handler holds pool A's lock and waits for B's; a thread inside B drops a
+    leaked handle of A, whose finaliser used to wait for A's lock: both hung."""
+    script = textwrap.dedent(
+        """
+        import gc, os, threading, time, warnings
+        from bucketpool import BucketPool
+        warnings.simplefilter("ignore")
+        a, b = BucketPool(), BucketPool()
+        leaked = [a.acquire(3)]
+        inside = threading.Event()
+
+        def inside_b():
+            with b._lock:  # as in a pool call of B, where a collection runs A's finaliser
+                inside.set()
+                time.sleep(0.3)  # the fork handler is waiting for B now
+                leaked.clear()  # A's handle is finalised here
+            b.stats()
+
+        thread = threading.Thread(target=inside_b)
+        thread.start()
+        inside.wait()
+        time.sleep(0.05)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if a.stats().active_requests.current == 0 else 3)
+        _, status = os.waitpid(pid, 0)
+        thread.join()
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert a.stats().active_requests.current == 0  # drained by this call
+        print("ok")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
