@@ -752,6 +752,8 @@ class BucketPool:
                 was still retired, and the one whose event raised stays parked.
             InFlightWriteError: (debug levels) a retired buffer's descriptors changed while
                 in flight; every finished buffer was still retired.
+            PoolError: called from a finaliser or signal handler that interrupted this
+                thread inside the pool.
         """
         return self._settle(all_done, "collect")
 
@@ -764,6 +766,8 @@ class BucketPool:
             Exception: the first error an event raised; the rest were still waited for and
                 retired, and buffers whose event raised stay parked.
             InFlightWriteError: (debug levels), as for `collect`.
+            PoolError: called from a finaliser or signal handler that interrupted this
+                thread inside the pool.
         """
         self._settle(_waited, "synchronize")
 
@@ -824,6 +828,8 @@ class BucketPool:
         Raises:
             TypeError, ValueError: a bad *n* (as for `acquire`) or *count*, or a reservation
                 that the caps (``max_cached_bytes``, ``max_cached_per_bucket``) would not keep.
+            PoolError: called from a finaliser or signal handler that interrupted this
+                thread inside the pool.
         """
         self._outside("reserve")
         size = check_count(n, self._max_capacity, "reserve")
@@ -857,6 +863,8 @@ class BucketPool:
 
         Raises:
             TypeError, ValueError: *max_bytes* is not an integer, or is negative.
+            PoolError: called from a finaliser or signal handler that interrupted this
+                thread inside the pool.
         """
         limit = _non_negative("trim", "max_bytes", max_bytes)
         self._outside("trim")
@@ -876,6 +884,10 @@ class BucketPool:
         Each names ``n``, the capacity and, when the pool traces (``trace=True`` or a debug
         level), where it was acquired.  Read from the pool's own records: the cost is in
         proportion to what is out, whatever else the process holds.  Thread-safe.
+
+        Raises:
+            PoolError: called from a finaliser or signal handler that interrupted this
+                thread inside the pool.
         """
         self._outside("outstanding")
         self._drain()
@@ -909,7 +921,12 @@ class BucketPool:
             return kept
 
     def stats(self) -> PoolStats:
-        """Return a consistent snapshot of the counters (see `PoolStats`).  Thread-safe."""
+        """Return a consistent snapshot of the counters (see `PoolStats`).  Thread-safe.
+
+        Raises:
+            PoolError: called from a finaliser or signal handler that interrupted this
+                thread inside the pool.
+        """
         self._outside("stats")
         self._drain()
         with self._lock:
@@ -940,7 +957,12 @@ class BucketPool:
         return build_stats(buckets, parked, held, counters)
 
     def reset_peak_stats(self) -> None:
-        """Set every peak to its current value."""
+        """Set every peak to its current value.
+
+        Raises:
+            PoolError: called from a finaliser or signal handler that interrupted this
+                thread inside the pool.
+        """
         self._outside("reset_peak_stats")
         with self._lock:
             self._active_peak = self._active
