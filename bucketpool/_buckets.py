@@ -20,6 +20,22 @@ DEFAULT_MIN_CAPACITY = 16
 DEFAULT_MAX_CAPACITY = 1 << 24
 
 
+def as_index(value: object, what: str, kind: str = "an integer", hint: str = "") -> int:
+    """Return ``operator.index(value)``: ints, numpy integers, anything with ``__index__``.
+
+    Raises:
+        TypeError: *value* is a `bool` or not an integer; the message says ``{what} must be
+            {kind}``, names the value and adds *hint* (what to pass instead) when given.
+    """
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    advice = f"; {hint}" if hint else ""
+    raise TypeError(f"{what} must be {kind}, not {type(value).__name__} ({value!r}){advice}")
+
+
 def check_count(
     n: object, max_capacity: int = DEFAULT_MAX_CAPACITY, operation: str = "acquire"
 ) -> int:
@@ -34,18 +50,12 @@ def check_count(
         TypeError: *n* is a `bool` or not an integer.
         ValueError: *n* is negative or above *max_capacity*.
     """
-    if isinstance(n, bool):
-        raise TypeError(
-            f"{operation}: n must be an integer count of descriptors, not bool ({n!r}); "
-            "pass len(...) of the copies or an int"
-        )
-    try:
-        count = operator.index(n)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{operation}: n must be an integer count of descriptors, not "
-            f"{type(n).__name__} ({n!r}); pass len(...) of the copies or an int"
-        ) from None
+    count = as_index(
+        n,
+        f"{operation}: n",
+        "an integer count of descriptors",
+        "pass len(...) of the copies or an int",
+    )
     if count < 0:
         raise ValueError(
             f"{operation}: n must be >= 0, got {count}; pass the number of descriptors to copy"
@@ -69,14 +79,7 @@ def check_power_of_two(name: str, value: object) -> int:
         TypeError: *value* is a `bool` or not an integer.
         ValueError: *value* is not a power of two >= 1; the message gives the nearest.
     """
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a power-of-two int, not bool ({value!r})")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{name} must be a power-of-two int, not {type(value).__name__} ({value!r})"
-        ) from None
+    number = as_index(value, name, "a power-of-two int")
     if number < 1 or number & (number - 1):
         raise ValueError(
             f"{name} must be a power of two >= 1, got {number}; "

@@ -9,7 +9,6 @@ other way names a token that the pool has already retired, so it can release not
 from __future__ import annotations
 
 import contextlib
-import operator
 import sys
 import typing
 from types import TracebackType
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple, NoReturn, Protocol, SupportsIndex
 import torch
 
 from bucketpool import _fill
+from bucketpool._buckets import as_index
 from bucketpool._debug import format_site, guarded_views
 from bucketpool._errors import ReleaseError
 
@@ -208,15 +208,7 @@ class BufferHandle:
         """
         if self._buffer.token != self._token:
             self._refuse("shrink")
-        if isinstance(count, bool):
-            raise TypeError(f"shrink: count must be an integer, not bool ({count!r})")
-        try:
-            k = operator.index(count)
-        except TypeError:
-            raise TypeError(
-                f"shrink: count must be an integer, got {type(count).__name__}; pass the "
-                "index add_copies() returned"
-            ) from None
+        k = as_index(count, "shrink: count", hint="pass the index add_copies() returned")
         if not 0 <= k <= self._n:
             raise ValueError(
                 f"shrink: count={k} is outside 0..n={self._n}; views can only shrink (acquire "

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import operator
 import os
 import threading
 import time
@@ -60,7 +59,7 @@ from typing import Protocol, SupportsIndex
 import torch
 
 from bucketpool import _debug
-from bucketpool._buckets import check_count
+from bucketpool._buckets import as_index, check_count
 from bucketpool._buffer import FIELDS, Bucket, Buffer
 from bucketpool._errors import InFlightWriteError, LeakWarning, PoolError, ReleaseError
 from bucketpool._handle import BufferHandle, CompletionEvent
@@ -1013,14 +1012,7 @@ def _waited(events: list[CompletionEvent]) -> bool:
 
 
 def _non_negative(operation: str, name: str, value: object) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{operation}: {name} must be an integer, not bool ({value!r})")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{operation}: {name} must be an integer, got {type(value).__name__} ({value!r})"
-        ) from None
+    number = as_index(value, f"{operation}: {name}")
     if number < 0:
         raise ValueError(f"{operation}: {name} must be >= 0, got {number}")
     return number

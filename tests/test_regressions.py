@@ -172,28 +172,34 @@ def test_case_03_a_with_block_closed_by_gc_inside_the_pool_lock_does_not_deadloc
     assert pool.outstanding() == []
 
 
-@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
-def test_case_04_keyboard_interrupts_inside_the_pool_never_leak_its_lock() -> None:
-    """Case 4: a signal handler's exception between taking the lock and `try` leaked the lock."""
-    assert threading.current_thread() is threading.main_thread()
-    pool = BucketPool()
-    armed = False
-    interrupts = 0
+class PoolInterrupts:
+    """A SIGALRM handler that raises `KeyboardInterrupt` while armed, only inside the pool's
+    own code, and never in a finaliser (where Python discards exceptions: see the README on
+    signals), so the test's own bookkeeping is never interrupted."""
 
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        # Only inside the pool's own code, and never in a finaliser (where an exception is
-        # unraisable): the test's bookkeeping is never interrupted.
-        nonlocal interrupts
+    def __init__(self) -> None:
+        self.armed = False
+        self.count = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
         inside = False
         depth = 0
-        while armed and frame is not None and depth < 64:
+        while self.armed and frame is not None and depth < 64:
             if frame.f_code.co_name == "__del__":
                 return
             inside = inside or frame.f_code.co_filename.startswith(PACKAGE_DIR)
             frame, depth = frame.f_back, depth + 1
         if inside:
-            interrupts += 1
+            self.count += 1
             raise KeyboardInterrupt
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def test_case_04_keyboard_interrupts_inside_the_pool_never_leak_its_lock() -> None:
+    """Case 4: a signal handler's exception between taking the lock and `try` leaked the lock."""
+    assert threading.current_thread() is threading.main_thread()
+    pool = BucketPool()
+    interrupt = PoolInterrupts()
 
     kept: list[bucketpool.BufferHandle] = []  # handles whose release was interrupted
     gc.collect()
@@ -208,7 +214,7 @@ def test_case_04_keyboard_interrupts_inside_the_pool_never_leak_its_lock() -> No
             while time.monotonic() < deadline:
                 step += 1
                 handle = None
-                armed = True
+                interrupt.armed = True
                 try:
                     handle = pool.acquire(step % 40)
                     if step % 2:
@@ -217,8 +223,8 @@ def test_case_04_keyboard_interrupts_inside_the_pool_never_leak_its_lock() -> No
                     else:
                         handle.release()
                 except KeyboardInterrupt:
-                    armed = False
-                armed = False
+                    interrupt.armed = False
+                interrupt.armed = False
                 if handle is not None and not handle.released:
                     kept.append(handle)
                 del handle
@@ -227,7 +233,7 @@ def test_case_04_keyboard_interrupts_inside_the_pool_never_leak_its_lock() -> No
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         signal.signal(signal.SIGALRM, previous)
         gc.enable()
-    assert interrupts > 50  # the interrupts did land inside the pool
+    assert interrupt.count > 50  # the interrupts did land inside the pool
 
     def use_from_another_thread() -> None:
         with pool.acquire(5) as bufs:
@@ -267,21 +273,7 @@ def test_case_04_a_signal_storm_loses_no_buffer(mode: DebugLevel | Literal["comp
     adapter = DescriptorBufferPool() if mode == "compat" else None
     level = "off" if mode == "compat" else mode
     pool = adapter.pool if adapter else BucketPool(debug=level, max_cached_per_bucket=2)
-    armed = False
-    interrupts = 0
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        nonlocal interrupts
-        inside = False
-        depth = 0
-        while armed and frame is not None and depth < 64:
-            if frame.f_code.co_name == "__del__":
-                return  # unraisable there: see the README on signals
-            inside = inside or frame.f_code.co_filename.startswith(PACKAGE_DIR)
-            frame, depth = frame.f_back, depth + 1
-        if inside:
-            interrupts += 1
-            raise KeyboardInterrupt
+    interrupt = PoolInterrupts()
 
     kept: list[bucketpool.BufferHandle] = []
     gc.collect()
@@ -297,7 +289,7 @@ def test_case_04_a_signal_storm_loses_no_buffer(mode: DebugLevel | Literal["comp
                 step += 1
                 event = SlowEvent() if step % 3 == 0 else None
                 handle = bufs = None
-                armed = True
+                interrupt.armed = True
                 try:
                     if adapter is not None:
                         bufs = adapter.acquire(step % 70)
@@ -315,7 +307,7 @@ def test_case_04_a_signal_storm_loses_no_buffer(mode: DebugLevel | Literal["comp
                             pool.collect()
                 except KeyboardInterrupt:
                     pass
-                armed = False
+                interrupt.armed = False
                 if handle is not None and not handle.released:
                     kept.append(handle)
                 del handle, bufs
@@ -325,7 +317,7 @@ def test_case_04_a_signal_storm_loses_no_buffer(mode: DebugLevel | Literal["comp
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         signal.signal(signal.SIGALRM, previous)
         gc.enable()
-    assert interrupts > 100
+    assert interrupt.count > 100
     for handle in kept:
         handle.release()
     del kept
