@@ -1,9 +1,11 @@
-"""Run one benchmark case for a test: the checks every case's samples and figures pass."""
+"""Benchmark runs for the tests: one case with the checks every case passes, or a toy run."""
 
 from __future__ import annotations
 
 from bucketpool.bench._cases import Case
+from bucketpool.bench._runner import BenchResult, Settings, build_cases, run_benchmark
 from bucketpool.bench._stats import Measurement
+from bucketpool.bench._traces import builtin_traces
 
 
 def run_case(case: Case, rounds: int = 2) -> dict[str, Measurement]:
@@ -19,3 +21,11 @@ def run_case(case: Case, rounds: int = 2) -> dict[str, Measurement]:
     for figure in figures.values():
         assert figure.low <= figure.value <= figure.high
     return figures
+
+
+def tiny_run() -> BenchResult:
+    """A whole benchmark run at toy sizes (two traces and the other case kinds)."""
+    settings = Settings(rounds=2, max_rounds=2, budget_s=0, ops=40, thread_ops=5, parked=20)
+    traces = [t for t in builtin_traces(40) if t.name in ("repeated-64", "spike")]
+    kinds = ("parked", "threads", "fills", "overhead")
+    return run_benchmark(settings, build_cases(settings, traces, kinds))

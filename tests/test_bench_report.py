@@ -5,20 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import _bench_case
 import pytest
 
 from bucketpool.bench import _report as report
-from bucketpool.bench._runner import BenchResult, Settings, build_cases, run_benchmark
+from bucketpool.bench._runner import BenchResult
 from bucketpool.bench._stats import Measurement, exact
-from bucketpool.bench._traces import builtin_traces
 
 
 @pytest.fixture(scope="module")
 def tiny_run() -> BenchResult:
-    settings = Settings(rounds=2, max_rounds=2, budget_s=0, ops=40, thread_ops=5, parked=20)
-    traces = [t for t in builtin_traces(40) if t.name in ("repeated-64", "spike")]
-    kinds = ("parked", "threads", "fills", "overhead")
-    return run_benchmark(settings, build_cases(settings, traces, kinds))
+    return _bench_case.tiny_run()
 
 
 def test_formatting() -> None:

@@ -10,6 +10,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from _events import FlagEvent
 
 import bucketpool
 from bucketpool import ReleaseError
@@ -19,14 +20,6 @@ from bucketpool.compat import (
     DescriptorBufferPool,
     DescriptorBuffers,
 )
-
-
-class FlagEvent:
-    def __init__(self) -> None:
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
 
 
 def test_reexports_the_same_descriptor_buffers() -> None:

@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _events import FlagEvent
 
 from bucketpool import (
     BucketPool,
@@ -22,14 +23,6 @@ from bucketpool import (
     UseAfterReleaseError,
 )
 from bucketpool.testing import swap_blocks_batch
-
-
-class _Event:
-    def __init__(self, done: bool = False) -> None:
-        self.done = done
-
-    def query(self) -> bool:
-        return self.done
 
 
 @pytest.fixture
@@ -88,7 +81,7 @@ def test_leaks_are_reported_once_per_site_and_buffers_come_back() -> None:
 
 def test_a_leak_with_pending_events_parks_its_buffer() -> None:
     pool = BucketPool()
-    event = _Event()
+    event = FlagEvent()
     handle = pool.acquire(4)
     handle.record_event(event)
     with pytest.warns(LeakWarning):
@@ -128,7 +121,7 @@ def test_checks_reports_a_stale_write_as_a_warning_naming_the_stale_holder(
 
 def test_checks_raises_in_flight_rewrite_at_the_end_of_the_owners_with_block() -> None:
     pool = BucketPool(debug="checks")
-    event = _Event()
+    event = FlagEvent()
     handle = pool.acquire(4)
     with pytest.raises(InFlightWriteError, match="changed between record_event"):  # noqa: PT012
         with handle as bufs:
@@ -141,7 +134,7 @@ def test_checks_raises_in_flight_rewrite_at_the_end_of_the_owners_with_block() -
 
 def test_checks_in_flight_rewrite_found_at_release_raises_there() -> None:
     pool = BucketPool(debug="checks")
-    event = _Event()
+    event = FlagEvent()
     handle = pool.acquire(4)
     handle.buffers.sizes.fill_(1)
     handle.record_event(event)
@@ -157,17 +150,17 @@ def test_checks_in_flight_rewrite_between_records_raises_from_record_event() -> 
     pool = BucketPool(debug="checks")
     handle = pool.acquire(4)
     handle.buffers.sizes.fill_(1)
-    handle.record_event(_Event())
+    handle.record_event(FlagEvent())
     handle.buffers.sizes[0] = 2
     with pytest.raises(InFlightWriteError, match="record_event"):
-        handle.record_event(_Event(done=True))
+        handle.record_event(FlagEvent(done=True))
     handle.release()  # parked on the first event; nothing lost
     assert pool.stats().parked == 1
 
 
 def test_checks_in_flight_rewrite_found_by_an_unrelated_acquire_is_only_warned() -> None:
     pool = BucketPool(debug="checks")
-    event = _Event()
+    event = FlagEvent()
     handle = pool.acquire(4)
     handle.buffers.sizes.fill_(1)
     handle.record_event(event)
@@ -317,7 +310,7 @@ def test_shrinking_before_recording_the_event_is_no_in_flight_write(
 ) -> None:
     """The README's asynchronous example: fill, shrink to what was written, record."""
     pool = BucketPool(debug=level)
-    event = _Event()
+    event = FlagEvent()
     handle = pool.acquire(10)
     with handle:
         end = handle.add_copies(0, [16, 32], [48, 64], 8)
@@ -333,10 +326,10 @@ def test_a_rewrite_past_the_shrunk_views_is_still_an_in_flight_write() -> None:
     handle.add_copies(0, [16, 32, 48], [48, 64, 80], 8)
     arrays = handle.arrays  # all 10 entries, kept from before the shrink
     handle.shrink(2)
-    handle.record_event(_Event())
+    handle.record_event(FlagEvent())
     arrays[2][5] = 99
     with pytest.raises(InFlightWriteError, match="changed while an earlier recorded copy"):
-        handle.record_event(_Event())
+        handle.record_event(FlagEvent())
     handle.release()
 
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
+from _events import FlagEvent
 
 from bucketpool import (
     BucketPool,
@@ -17,16 +18,6 @@ from bucketpool import (
     LeakWarning,
     ReleaseError,
 )
-
-
-class FlagEvent:
-    def __init__(self, done: bool = False) -> None:
-        self.done = done
-        self.queries = 0
-
-    def query(self) -> bool:
-        self.queries += 1
-        return self.done
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import attrs
 import numpy as np
 import pytest
 import torch
+from _events import FlagEvent
 
 from bucketpool import (
     BucketPool,
@@ -34,18 +35,6 @@ from bucketpool import (
 
 KIB = 1024
 TRIPLE_16 = 16 * 8 * 3  # bytes of one buffer of the smallest default bucket
-
-
-class FlagEvent:
-    """An event whose completion the test decides."""
-
-    def __init__(self, done: bool = False) -> None:
-        self.done = done
-        self.queries = 0
-
-    def query(self) -> bool:
-        self.queries += 1
-        return self.done
 
 
 class SyncEvent(FlagEvent):
