@@ -1,11 +1,13 @@
-"""Benchmark runs for the tests: one case with the checks every case passes, or a toy run."""
+"""Helpers of the benchmark's tests: a case's rounds checked, a toy run, a trace's validity."""
 
 from __future__ import annotations
 
-from bucketpool.bench._cases import Case
-from bucketpool.bench._runner import BenchResult, Settings, build_cases, run_benchmark
-from bucketpool.bench._stats import Measurement
-from bucketpool.bench._traces import builtin_traces
+from collections.abc import Sequence
+
+from bench._cases import Case
+from bench._runner import BenchResult, Settings, build_cases, run_benchmark
+from bench._stats import Measurement
+from bench._traces import CASE_KINDS, builtin_traces
 
 
 def run_case(case: Case, rounds: int = 2) -> dict[str, Measurement]:
@@ -24,8 +26,26 @@ def run_case(case: Case, rounds: int = 2) -> dict[str, Measurement]:
 
 
 def tiny_run() -> BenchResult:
-    """A whole benchmark run at toy sizes (two traces and the other case kinds)."""
-    settings = Settings(rounds=2, max_rounds=2, budget_s=0, ops=40, thread_ops=5, parked=20)
-    traces = [t for t in builtin_traces(40) if t.name in ("repeated-64", "spike")]
-    kinds = ("parked", "threads", "fills", "overhead")
-    return run_benchmark(settings, build_cases(settings, traces, kinds))
+    """A whole benchmark run at toy sizes (three traces and every other case kind)."""
+    settings = Settings(
+        rounds=2, max_rounds=2, budget_s=0, ops=40, thread_ops=5, parked=20, min_pass_ns=10_000
+    )
+    traces = [t for t in builtin_traces(40) if t.name in ("repeated-64", "normal-64", "spike")]
+    return run_benchmark(settings, build_cases(settings, traces, CASE_KINDS))
+
+
+def live_handles(events: Sequence[int]) -> list[int]:
+    """Check that every release names an earlier live acquire; return live counts."""
+    live: set[int] = set()
+    acquired = 0
+    counts = []
+    for event in events:
+        if event >= 0:
+            live.add(acquired)
+            acquired += 1
+        else:
+            assert ~event in live
+            live.remove(~event)
+        counts.append(len(live))
+    assert not live, "every acquire is released by the end"
+    return counts

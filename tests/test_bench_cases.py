@@ -1,11 +1,12 @@
-"""The case interface and its single-threaded cases (tiny sizes; no time is asserted)."""
+"""The case interface, the trace cases and the debug levels (tiny sizes; no time is asserted)."""
 
 from __future__ import annotations
 
+import pytest
 from _bench_case import run_case
 
-from bucketpool.bench import _cases as cases
-from bucketpool.bench._traces import ENTRY_BYTES, Trace, windowed_events
+from bench import _cases as cases
+from bench._traces import ENTRY_BYTES, Trace, builtin_traces, windowed_events
 
 
 def test_trace_case_counts_allocations_and_bytes() -> None:
@@ -17,17 +18,33 @@ def test_trace_case_counts_allocations_and_bytes() -> None:
         assert figures[f"{impl} final bytes"].value == 64 * ENTRY_BYTES
         assert not figures[f"{impl} final bytes"].timed
         assert figures[f"{impl} ns/op"].timed
+        assert figures[f"{impl} ns/op"].unit == "ns"
         assert len(case.series[impl]) == 30
     assert figures["bucketpool/original"].rounds == 2
     assert figures["compat/original"].unit == "x"
+    assert figures["compat refusals"].value == 0
+    assert not figures["compat refusals"].timed
     assert 0 < figures["bucketpool final bytes / cache cap"].value < 1
 
 
-def test_parked_case_parks_in_another_bucket() -> None:
-    case = cases.ParkedCase(ops=20, parked=50)
-    figures = run_case(case)
-    assert case.name == "parked-50"
-    assert set(figures) == {"parked/none parked", "none parked ns/op", "parked ns/op"}
+@pytest.mark.parametrize("name", ["normal-64", "blocks"])
+def test_the_new_traces_are_steady(name: str) -> None:
+    (trace,) = (t for t in builtin_traces(300) if t.name == name)
+    figures = run_case(cases.TraceCase(trace), rounds=1)
+    assert figures["bucketpool allocations after warm-up"].value == 0
+    assert figures["compat allocations after warm-up"].value == 0
+    assert figures["bucketpool/original"].unit == "x"
+
+
+def test_a_refusing_compat_is_counted_and_left_out_of_the_timing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cases, "compat_refusals", lambda events: 2)
+    case = cases.TraceCase(Trace("t", "", windowed_events([64] * 10)))
+    figures = run_case(case, rounds=1)
+    assert set(case.samples) == {"original", "bucketpool"}
+    assert "compat/original" not in figures
+    assert figures["compat refusals"].value == 2
 
 
 def test_ops_for_stops_at_the_cap() -> None:

@@ -1,28 +1,34 @@
-"""The ``bench`` subcommand: selections, outputs, errors and the ``--check`` exit status."""
+"""``python -m bench``: arguments, selections, outputs, errors and the exit statuses."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-from bucketpool import __main__ as cli
-from bucketpool.bench import _cli as bench_cli
-from bucketpool.bench import _runner as runner
-from bucketpool.bench._cases import Case
-from bucketpool.bench._stats import Measurement
-from bucketpool.bench._targets import TargetSpec, check_targets
+from bench import _cli as cli
+from bench import _runner as runner
+from bench._cases import Case
+from bench._stats import Measurement, Verdict
+from bench._targets import Kind, TargetSpec, check_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "examples" / "sample.trace"
 TINY = ["--ops", "40", "--rounds", "1", "--budget", "0"]
+#: Interval ends of a figure that PASSes, FAILs or is UNSURE against a bound of 1.0.
+VALUES = {"PASS": 0.5, "FAIL": 2.0, "UNSURE": 1.0}
+
+RunBenchmark = Callable[..., runner.BenchResult]
 
 
-def fake_run(value: float) -> object:
-    """A stand-in for `run_benchmark` whose one target measures *value* against <= 1.0."""
+def fake_run(verdicts: dict[Kind, Verdict], *, loaded: bool = False) -> RunBenchmark:
+    """A stand-in for `run_benchmark`: one promise and one goal with the given verdicts."""
 
     def run(
         settings: runner.Settings,
@@ -30,17 +36,22 @@ def fake_run(value: float) -> object:
         *,
         progress: runner.Progress | None = None,
     ) -> runner.BenchResult:
-        figure = Measurement(value, value * 0.95, value * 1.05, "x", rounds=7, spread=0.01)
-        figures = {"repeated-64": {"bucketpool/original": figure}}
-        spec = TargetSpec(("repeated-*",), "bucketpool/original", "<=", 1.0, "fake")
+        figures: dict[str, dict[str, Measurement]] = {}
+        specs = []
+        for kind, verdict in verdicts.items():
+            value = VALUES[verdict]
+            figure = Measurement(value, value * 0.95, value * 1.05, "x", rounds=7, spread=0.01)
+            figures[f"{kind}-case"] = {"a/b": figure}
+            specs.append(TargetSpec((f"{kind}-case",), "a/b", "<=", 1.0, "fake", kind=kind))
+        loaded_cases = frozenset(figures) if loaded else frozenset()
         return runner.BenchResult(
             settings=settings,
             environment=runner.environment(),
             cases=(),
             figures=figures,
-            checks=check_targets(figures, specs=[spec]),
-            rounds={"repeated-64": 7},
-            load={"repeated-64": 0.0},
+            checks=check_targets(figures, loaded_cases, specs=specs),
+            rounds=dict.fromkeys(figures, 7),
+            load=dict.fromkeys(figures, 0.0),
             duration_s=0.0,
         )
 
@@ -48,35 +59,54 @@ def fake_run(value: float) -> object:
 
 
 @pytest.mark.parametrize(
-    ("value", "argv", "status"),
+    ("promise", "goal", "argv", "status"),
     [
-        (0.5, ["--check"], 0),  # PASS
-        (2.0, ["--check"], 1),  # FAIL
-        (2.0, [], 0),  # FAIL, but no --check
-        (1.0, ["--check"], 0),  # UNSURE does not fail ...
-        (1.0, ["--strict-check"], 1),  # ... unless strict
-        (0.5, ["--strict-check"], 0),
+        ("PASS", "FAIL", ["--check"], 0),  # a goal never fails --check
+        ("PASS", "UNSURE", ["--check"], 0),
+        ("FAIL", "PASS", ["--check"], 1),
+        ("FAIL", "PASS", [], 0),  # no --check: the run is the result
+        ("UNSURE", "PASS", ["--check"], 3),  # could not judge: never 0
+        ("UNSURE", "PASS", [], 0),
+        ("PASS", "FAIL", ["--strict-check"], 1),  # strict: goals judged as promises
+        ("PASS", "UNSURE", ["--strict-check"], 3),
+        ("PASS", "PASS", ["--strict-check"], 0),
     ],
 )
 def test_check_exit_status(
-    value: float,
+    promise: Verdict,
+    goal: Verdict,
     argv: list[str],
     status: int,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr(bench_cli, "run_benchmark", fake_run(value))
-    assert cli.main(["bench", "--trace", "repeated-64", *argv]) == status
+    monkeypatch.setattr(cli, "run_benchmark", fake_run({"promise": promise, "goal": goal}))
+    assert cli.main(["--trace", "repeated-64", *argv]) == status
     out = capsys.readouterr().out
-    verdict = {0.5: "PASS", 2.0: "FAIL", 1.0: "UNSURE"}[value]
-    assert f"1 {verdict}" in out
+    assert f"promises: {int(promise == 'PASS')} PASS" in out
+    if argv == ["--check"]:
+        assert f"--check: exit {status}," in out  # the report says what --check gives
+
+
+def test_a_loaded_promise_exits_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The interval alone says FAIL, but the machine was loaded: not judged, so 3, not 1.
+    run = fake_run({"promise": "FAIL", "goal": "PASS"}, loaded=True)
+    monkeypatch.setattr(cli, "run_benchmark", run)
+    assert cli.main(["--trace", "repeated-64", "--check"]) == 3
+    out = capsys.readouterr().out
+    assert "LOADED (interval alone: FAIL)" in out
+    assert "MACHINE LOOKS LOADED" in out
 
 
 def test_a_tiny_real_run_with_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "out.json"
-    status = cli.main(["bench", "--trace", "repeated-64", *TINY, "--json", str(path), "--check"])
+    status = cli.main(["--trace", "repeated-64", *TINY, "--json", str(path), "--check"])
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert status == int(any(check["verdict"] == "FAIL" for check in data["checks"]))
+    assert status == data["exit_status"]["check"]
+    promises = {c["verdict"] for c in data["checks"] if c["kind"] == "promise"}
+    assert status == (1 if "FAIL" in promises else 3 if promises - {"PASS"} else 0)
     out, err = capsys.readouterr()
     assert "repeated-64" in out
     assert "[1/1] repeated-64" in err
@@ -85,23 +115,31 @@ def test_a_tiny_real_run_with_check(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_case_selection(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["bench", "--trace", "fills", "--trace", "overhead", *TINY]) == 0
+    assert cli.main(["--trace", "fills", "--trace", "overhead", *TINY]) == 0
     out, _ = capsys.readouterr()
     assert "handle.add_copies" in out
     assert "bytes per cached buffer" in out
     assert "repeated-64" not in out
 
 
+def test_families_select_their_cases() -> None:
+    settings = runner.Settings(ops=10, thread_ops=2, parked=3)
+    names = [case.name for case in runner.build_cases(settings, (), ["parked", "threads"])]
+    assert names == ["parked-3", "parked-stuck", "threads-8", "threads-8-switch"]
+    for kind in ("leak-site", "compat"):
+        assert [case.name for case in runner.build_cases(settings, (), [kind])] == [kind]
+
+
 @pytest.mark.parametrize(
     "argv",
     [
-        ["bench", "--rounds", "0"],
-        ["bench", "--repeats", "many"],
-        ["bench", "--ops", "-3"],
-        ["bench", "--budget", "-1"],
-        ["bench", "--trace", "nope"],
-        ["bench", "--trace", "spike", "--replay", "x.trace"],
-        ["bench", "--frobnicate"],
+        ["--rounds", "0"],
+        ["--repeats", "many"],
+        ["--ops", "-3"],
+        ["--budget", "-1"],
+        ["--trace", "nope"],
+        ["--trace", "spike", "--replay", "x.trace"],
+        ["--frobnicate"],
         ["serve"],
     ],
 )
@@ -112,12 +150,25 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     assert "error:" in capsys.readouterr().err
 
 
+def test_help_lists_every_option_and_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m bench")
+    for option in ("--quick", "--rounds", "--repeats", "--ops", "--budget", "--trace"):
+        assert option in out
+    for option in ("--replay", "--json", "--plot", "--check", "--strict-check"):
+        assert option in out
+    assert "3 when one is UNSURE or LOADED" in " ".join(out.split())
+
+
 def test_plot_without_matplotlib(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     path = tmp_path / "out.png"
-    assert cli.main(["bench", "--quick", "--plot", str(path)]) == 2
+    assert cli.main(["--quick", "--plot", str(path)]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert "pip install 'bucketpool[plot]'" in err
@@ -127,7 +178,7 @@ def test_plot_without_matplotlib(
 def test_plot_with_matplotlib(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     path = tmp_path / "out.png"
-    assert cli.main(["bench", "--trace", "spike", *TINY, "--plot", str(path)]) == 0
+    assert cli.main(["--trace", "spike", *TINY, "--plot", str(path)]) == 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in capsys.readouterr().err
 
@@ -138,23 +189,50 @@ def test_plot_with_matplotlib(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_unwritable_output(
     name: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["bench", "--json", str(tmp_path / name)]) == 2
+    assert cli.main(["--check", "--json", str(tmp_path / name)]) == 2
     assert reason in capsys.readouterr().err
 
 
 def test_replay(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["bench", "--replay", str(SAMPLE), *TINY[2:]]) == 0
+    assert cli.main(["--replay", str(SAMPLE), *TINY[2:]]) == 0
     out, _ = capsys.readouterr()
     assert "replay:sample.trace" in out
+    assert "replay:sample.trace: bucketpool/original" in out  # the promise applies
     assert "handle.add_copies" not in out
 
 
 def test_replay_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.trace"
     path.write_text("acquire 4\n# fine\nrelease 3\n", encoding="utf-8")
-    assert cli.main(["bench", "--replay", str(path)]) == 2
-    assert cli.main(["bench", "--replay", str(tmp_path / "gone.trace")]) == 2
+    assert cli.main(["--check", "--replay", str(path)]) == 2
+    assert cli.main(["--replay", str(tmp_path / "gone.trace")]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert f"{path}:3: release 3" in err
     assert "gone.trace" in err
+
+
+def test_the_package_has_no_command_line_and_no_benchmark() -> None:
+    assert importlib.util.find_spec("bucketpool.__main__") is None
+    assert importlib.util.find_spec("bucketpool.bench") is None
+
+
+def test_subprocess_quick_run(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "bench", "--quick", "--trace", "repeated"]
+    completed = subprocess.run(
+        [*command, "--ops", "200", "--rounds", "2", "--budget", "0", "--json", str(path)],
+        cwd=tmp_path,  # not the checkout: PYTHONPATH finds the benchmark
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "[3/3] repeated-16384" in completed.stderr
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert list(data["cases"]) == ["repeated-64", "repeated-1196", "repeated-16384"]
+    assert data["settings"]["quick"]
+    assert "promises:" in completed.stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from _bench_case import run_case
 
-from bucketpool.bench import _fills as fills
+from bench import _fills as fills
 
 
 def test_fills_case_writes_every_method() -> None:

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketpool.bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
+from bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
 
 TRIPLE = 24  # bytes per descriptor: three int64 entries
 

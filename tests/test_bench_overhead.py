@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from _bench_case import run_case
 
-from bucketpool.bench import _overhead as overhead
+from bench import _overhead as overhead
 
 
 def test_overhead_case_is_exact() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import _bench_case
 import pytest
 
-from bucketpool.bench._runner import BenchResult
+from bench._runner import BenchResult
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def tiny_run() -> BenchResult:
 
 def test_plot_writes_a_png(tiny_run: BenchResult, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from bucketpool.bench._plot import plot
+    from bench._plot import plot
 
     path = tmp_path / "run.png"
     plot(tiny_run, path)

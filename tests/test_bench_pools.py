@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from bench import _pools as pools
+from bench._traces import ENTRY_BYTES as TRIPLE
+from bench._traces import Trace, windowed_events
 from bucketpool import BucketPool
-from bucketpool.bench import _pools as pools
-from bucketpool.bench._traces import ENTRY_BYTES as TRIPLE
-from bucketpool.bench._traces import Trace, windowed_events
 
 
 def test_implementations_drive_their_pools() -> None:
@@ -50,3 +50,8 @@ def test_threaded_ops_record_one_latency_per_op() -> None:
     pools.handle_ops(pool, 10, 3, None)
     assert pool.stats().active_requests.current == 0
     assert pools.memory_of(pool).allocations == 1
+
+
+def test_make_implementations_keeps_the_order_of_a_round() -> None:
+    chosen = pools.make_implementations(["compat", "original"])
+    assert [impl.name for impl in chosen] == ["original", "compat"]

@@ -1,16 +1,14 @@
-"""The table and the JSON of one tiny run agree, and carry every interval and verdict."""
+"""The table of one tiny run: every figure and verdict, promises first, how to read a ratio."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import _bench_case
 import pytest
 
-from bucketpool.bench import _report as report
-from bucketpool.bench._runner import BenchResult
-from bucketpool.bench._stats import Measurement, exact
+from bench import _report as report
+from bench._runner import BenchResult
+from bench._stats import Measurement, exact
+from bench._targets import exit_status
 
 
 @pytest.fixture(scope="module")
@@ -26,38 +24,66 @@ def test_formatting() -> None:
     assert report.format_value(2178.4, "x") == "2,178x"
     assert report.format_value(1234.4, "ns") == "1,234 ns"
     assert report.format_value(12, "count") == "12"
+    assert report.format_value(812_345.6, "ops/s") == "812,346 ops/s"
+    assert report.format_value(2.75, "%") == "2.8%"
+    assert report.format_value(31.2, "%") == "31%"
     timed = Measurement(0.3, 0.29, 0.31, "x")
     assert report.format_measurement(timed) == "0.3x [0.29x-0.31x]"
     assert report.format_measurement(exact(3, "count")) == "3"
 
 
-def test_table_shows_intervals_and_verdicts(tiny_run: BenchResult) -> None:
+def sections(table: str) -> dict[str, list[str]]:
+    """The promise and goal rows of a table, by kind."""
+    promises, goals = table.index("\nPROMISES: "), table.index("\nGOALS: ")
+    end = table.index("\npromises: ")
+    return {
+        "promise": table[promises:goals].splitlines(),
+        "goal": table[goals:end].splitlines(),
+    }
+
+
+def test_table_shows_every_verdict(tiny_run: BenchResult) -> None:
     table = report.render_table(tiny_run)
     measured = tiny_run.figures["repeated-64"]["bucketpool/original"]
     assert report.format_measurement(measured) in table
+    rows = sections(table)
     for check in tiny_run.checks:
-        row = next(line for line in table.splitlines() if line.startswith(check.name + " "))
-        assert check.verdict in row
-    assert "verdicts: " in table
+        lines = rows[check.spec.kind]
+        own = [line for line in lines if line.startswith(check.name + " ")]
+        if check.verdict != "PASS" or check.measurement.timed:
+            (row,) = own  # a timed figure or a verdict other than PASS has its own row
+            assert row.endswith(check.verdict) or "LOADED" in row
+        else:  # exact PASSes of one target share a row, unless it is the only one
+            grouped = [line for line in lines if f" cases: {check.spec.figure} " in line]
+            assert len(own) + len(grouped) == 1
+            assert (own or grouped)[0].endswith("PASS")
     assert "handle.add_copies" in table
     assert "bucketpool bytes per cached buffer" in table
+    for case in ("parked-stuck", "threads-8-switch", "leak-site", "compat", "normal-64"):
+        assert f"\n{case} " in table
 
 
-def test_json_structure(tiny_run: BenchResult, tmp_path: Path) -> None:
-    path = tmp_path / "run.json"
-    report.write_json(tiny_run, path)
-    data = json.loads(path.read_text(encoding="utf-8"))
-    assert data["schema"] == 2
-    assert list(data["cases"]) == [case.name for case in tiny_run.cases]
-    repeated = data["cases"]["repeated-64"]
-    assert repeated["rounds"] == 2
-    assert len(repeated["samples"]["original"]) == 2
-    ratio = repeated["figures"]["bucketpool/original"]
-    assert ratio["low"] <= ratio["value"] <= ratio["high"]
-    assert len(data["checks"]) == len(tiny_run.checks)
-    assert {c["verdict"] for c in data["checks"]} <= {"PASS", "FAIL", "UNSURE", "LOADED"}
-    assert list(data["series"]) == ["spike"]
-    assert data["settings"]["resolution"] > 0
+def test_promises_come_first_each_labelled(tiny_run: BenchResult) -> None:
+    table = report.render_table(tiny_run)
+    assert table.index("\nPROMISES: ") < table.index("\nGOALS: ")
+    promise_rows, goal_rows = ("\n".join(rows) for rows in sections(table).values())
+    assert "repeated-64: bucketpool/original " in promise_rows  # <= 1.0, the promise
+    assert "<= 1x" in promise_rows
+    assert "repeated-64: bucketpool/original " in goal_rows  # <= 0.40, the goal
+    assert "<= 0.4x" in goal_rows
+    assert "threads-8-switch: throughput at 100us / at default" in goal_rows
+    assert "parked-stuck: stuck/none stuck" in promise_rows
+
+
+def test_the_report_says_how_to_read_it_once(tiny_run: BenchResult) -> None:
+    table = report.render_table(tiny_run)
+    assert table.count("lower is better unless the bound says >=") == 1
+    assert table.count("bench/_original.py") == 1
+    assert "acquire, three [:n] slices, release" in table
+    status = exit_status(tiny_run.checks)
+    assert f"--check: exit {status}," in table
+    assert "promises: " in table
+    assert "; goals: " in table
 
 
 def test_matplotlib_available_sees_a_missing_import(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import itertools
+import os
+import pathlib
 from collections.abc import Iterator
 
+import attrs
 import pytest
 
-from bucketpool.bench import _runner as runner
-from bucketpool.bench._stats import Measurement, paired_ratios, summarize
-from bucketpool.bench._targets import TargetSpec
-from bucketpool.bench._traces import builtin_traces
+from bench import _runner as runner
+from bench._stats import Measurement, paired_ratios, summarize
+from bench._targets import TargetSpec
+from bench._traces import builtin_traces
 
-SPEC = TargetSpec(("fake",), "fast/base", "<=", 1.0, "fake")
+SPEC = TargetSpec(("fake",), "fast/base", "<=", 1.0, "fake", kind="promise")
 
 
 class FakeCase:
     """A case whose rounds give preset ratios: no pool, no clock."""
 
-    def __init__(self, ratios: Iterator[float]) -> None:
-        self.name = "fake"
+    def __init__(self, ratios: Iterator[float], name: str = "fake", cores: int = 1) -> None:
+        self.name = name
+        self.cores = cores
         self.description = "synthetic"
         self.samples: dict[str, list[float]] = {"base": [], "fast": []}
         self._ratios = ratios
@@ -41,13 +45,13 @@ class FakeCase:
         return {"fast/base": summarize(ratios, "x")}
 
 
-def settings(budget_s: float = 60.0) -> runner.Settings:
-    return runner.Settings(rounds=5, max_rounds=14, budget_s=budget_s)
+def settings(budget_s: float = 60.0, *, settle_goals: bool = False) -> runner.Settings:
+    return runner.Settings(rounds=5, max_rounds=14, budget_s=budget_s, settle_goals=settle_goals)
 
 
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "load_average", lambda: 0.0)
+    monkeypatch.setattr(runner, "other_runnable", lambda: 0.0)
 
 
 def test_a_clear_verdict_stops_after_the_first_rounds() -> None:
@@ -83,14 +87,37 @@ def test_no_budget_no_extra_rounds() -> None:
     assert result.rounds == {"fake": 5}
 
 
-def test_a_high_load_average_holds_back_the_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "load_average", lambda: 1000.0)
+def test_other_busy_tasks_hold_back_the_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runner, "other_runnable", lambda: 2.0)  # both CPUs taken
     case = FakeCase(itertools.repeat(2.0))
     result = runner.run_benchmark(settings(), [case], specs=[SPEC])
     (check,) = result.checks
     assert (check.verdict, check.interval_verdict) == ("LOADED", "FAIL")
     assert result.loaded
-    assert result.load["fake"] == 1000.0
+    assert result.load["fake"] == 2.0
+
+
+def test_one_other_task_leaves_a_single_threaded_case_judged_but_not_a_threaded_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runner, "other_runnable", lambda: 1.0)  # one CPU left
+    single = FakeCase(itertools.repeat(2.0), name="single")
+    threaded = FakeCase(itertools.repeat(2.0), name="threaded", cores=8)
+    spec = TargetSpec(("*",), "fast/base", "<=", 1.0, "fake", kind="promise")
+    result = runner.run_benchmark(settings(), [single, threaded], specs=[spec])
+    assert [(c.case, c.verdict) for c in result.checks] == [
+        ("single", "FAIL"),
+        ("threaded", "LOADED"),
+    ]
+
+
+def test_other_runnable_reads_a_count() -> None:
+    count = runner.other_runnable()
+    assert count >= 0
+    if pathlib.Path("/proc/loadavg").exists():
+        assert count == int(count)  # an instantaneous count, not an average
 
 
 def test_settings_for_mode() -> None:
@@ -108,7 +135,8 @@ def test_settings_for_mode() -> None:
 def test_build_cases() -> None:
     traces = builtin_traces(10)[:2]
     cases = runner.build_cases(runner.Settings(), traces, ["fills", "threads"])
-    assert [case.name for case in cases] == ["repeated-64", "repeated-1196", "threads-8", "fills"]
+    names = [case.name for case in cases]
+    assert names == ["repeated-64", "repeated-1196", "threads-8", "threads-8-switch", "fills"]
     assert runner.build_cases(runner.Settings(), (), ()) == []
     env = runner.environment()
     assert {"version", "python", "torch", "numpy", "machine"} <= set(env)
@@ -119,3 +147,36 @@ def test_an_interval_at_the_resolution_floor_gets_no_more_rounds() -> None:
     result = runner.run_benchmark(settings(), [case], specs=[SPEC])
     assert [check.verdict for check in result.checks] == ["UNSURE"]
     assert result.rounds == {"fake": 5}
+
+
+def test_unsure_goals_get_no_extra_rounds() -> None:
+    goal = TargetSpec(("goal",), "fast/base", "<=", 1.0, "fake", kind="goal")
+    case = FakeCase(itertools.cycle([0.8, 1.2]), name="goal")  # UNSURE for good
+    result = runner.run_benchmark(settings(), [case], specs=[goal])
+    assert result.rounds == {"goal": 5}
+    assert [check.verdict for check in result.checks] == ["UNSURE"]
+
+
+def test_with_settle_goals_promises_get_the_extra_rounds_first() -> None:
+    goal = TargetSpec(("goal",), "fast/base", "<=", 1.0, "fake", kind="goal")
+    promise = TargetSpec(("promise",), "fast/base", "<=", 1.0, "fake", kind="promise")
+    cases = [
+        FakeCase(itertools.cycle([0.8, 1.2]), name="goal"),  # UNSURE for good
+        FakeCase(itertools.cycle([0.8, 1.2]), name="promise"),
+    ]
+    lines: list[str] = []
+    strict = settings(settle_goals=True)
+    result = runner.run_benchmark(strict, cases, specs=[goal, promise], progress=lines.append)
+    assert result.rounds == {"goal": 14, "promise": 14}
+    extra = [line for line in lines if line.startswith("UNSURE")]
+    assert all("of promise (" in line for line in extra[:3])  # 5 + 3 x 3 = 14 rounds
+    assert "of goal (" in extra[3]
+    assert [check.spec.kind for check in result.checks] == ["promise", "goal"]
+
+
+def test_a_quiet_machines_daemons_load_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runner, "other_runnable", lambda: runner.LOAD_TOLERANCE - 0.1)
+    threaded = FakeCase(itertools.repeat(2.0), name="threaded", cores=8)
+    result = runner.run_benchmark(settings(), [threaded], specs=[attrs.evolve(SPEC, cases=("*",))])
+    assert [c.verdict for c in result.checks] == ["FAIL"]

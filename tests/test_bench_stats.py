@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bucketpool.bench import _stats as stats
-from bucketpool.bench._stats import Measurement
+from bench import _stats as stats
+from bench._stats import Measurement
 
 #: Per-round ns of a baseline, and of a pool at about 0.30x of it, with round-to-round noise.
 BASELINE = [3000.0, 3100.0, 2950.0, 3050.0, 3020.0, 2980.0, 3070.0]

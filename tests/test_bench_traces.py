@@ -1,37 +1,16 @@
-"""The benchmark's trace model and replay files."""
+"""The benchmark's built-in traces: valid, seeded, deterministic, of the documented shapes."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
+import statistics
 
 import pytest
+from _bench_case import live_handles
 
-from bucketpool.bench import _traces as bench
-from bucketpool.bench._traces import ReplayError, Trace
+from bench import _traces as bench
+from bench._traces import Trace
 
-SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sample.trace"
 TRIPLE = bench.ENTRY_BYTES
-
-
-def live_handles(events: Sequence[int]) -> list[int]:
-    """Check that every release names an earlier live acquire; return live counts."""
-    live: set[int] = set()
-    acquired = 0
-    counts = []
-    for event in events:
-        if event >= 0:
-            live.add(acquired)
-            acquired += 1
-        else:
-            assert ~event in live
-            live.remove(~event)
-        counts.append(len(live))
-    assert not live, "every acquire is released by the end"
-    return counts
-
-
-# -- traces ---------------------------------------------------------------------------------
 
 
 def test_builtin_traces_are_valid_and_selectable() -> None:
@@ -39,8 +18,9 @@ def test_builtin_traces_are_valid_and_selectable() -> None:
     names = [trace.name for trace in traces]
     assert len(set(names)) == len(names)
     assert set(names) <= set(bench.SELECTIONS)
-    families = {"repeated", "loguniform", "parked", "threads", "debug", "fills", "overhead"}
+    families = {"repeated", "loguniform", *bench.CASE_KINDS}
     assert set(bench.SELECTIONS) - families == set(names)
+    assert {"normal-64", "blocks"} <= set(names)
     assert names == list(bench.TRACE_NAMES)
     for trace in traces:
         live_handles(trace.events)
@@ -52,8 +32,11 @@ def test_builtin_traces_are_deterministic() -> None:
     assert bench.builtin_traces(200) == bench.builtin_traces(200)
     other = {t.name: t for t in bench.builtin_traces(200, seed=1)}
     mine = {t.name: t for t in bench.builtin_traces(200)}
-    assert other["loguniform-w4"] != mine["loguniform-w4"]
+    for seeded in ("loguniform-w4", "normal-64", "blocks"):
+        assert other[seeded] != mine[seeded]
     assert other["repeated-64"] == mine["repeated-64"]
+    # Each trace has its own stream: the seed is mixed with the name, not shared.
+    assert mine["normal-64"].cycle != mine["blocks"].cycle
 
 
 def by_name(ops: int = 400) -> dict[str, Trace]:
@@ -123,65 +106,26 @@ def test_select_traces() -> None:
         bench.select_traces(traces, ["repeat"])
 
 
-# -- replay files ---------------------------------------------------------------------------
+def test_normal_64_is_near_64_and_steady() -> None:
+    trace = by_name(4_000)["normal-64"]
+    sizes = trace.cycle
+    assert sizes is not None  # one in flight: every acquire is released at once
+    assert max(live_handles(trace.events)) == 1
+    assert min(sizes) >= 1
+    assert all(isinstance(n, int) for n in sizes)
+    assert abs(statistics.fmean(sizes) - 64) < 0.5
+    assert 3.5 < statistics.pstdev(sizes) < 4.5
+    assert max(abs(n - 64) for n in sizes) <= 6 * 4
 
 
-def test_parse_replay() -> None:
-    text = "# header\n\nacquire 10   # first\n  acquire 0\nrelease 0\nacquire 7\nrelease 2\n"
-    trace = bench.parse_replay(text, "dir/t.trace")
-    assert trace.name == "replay:t.trace"
-    assert trace.events == (10, 0, ~0, 7, ~2, ~1)  # acquire #1 is released at the end
-    assert trace.record_bytes
-
-
-@pytest.mark.parametrize(
-    ("text", "line", "message"),
-    [
-        ("acquire 1\nfree 0\n", 2, "expected 'acquire N' or 'release ID', got 'free 0'"),
-        ("acquire\n", 1, "expected 'acquire N'"),
-        ("acquire 1 2\n", 1, "expected 'acquire N'"),
-        ("acquire -1\n", 1, "acquire needs a number >= 0, got '-1'"),
-        ("acquire 1.5\n", 1, "acquire needs a number >= 0"),
-        ("ACQUIRE 1\n", 1, "expected 'acquire N'"),
-        ("acquire 16777217\n", 1, "above the limit"),
-        ("acquire 1\nrelease 1\n", 2, "acquire #1 has not happened yet"),
-        ("acquire 1\nrelease 0\n\nrelease 0\n", 4, "acquire #0 was already released"),
-        ("release x\n", 1, "release needs a number >= 0, got 'x'"),
-    ],
-)
-def test_parse_replay_errors(text: str, line: int, message: str) -> None:
-    with pytest.raises(ReplayError) as info:
-        bench.parse_replay(text, "bad.trace")
-    assert str(info.value).startswith(f"bad.trace:{line}: ")
-    assert message in str(info.value)
-    assert info.value.line == line
-    assert "\n" not in str(info.value)
-
-
-def test_parse_replay_needs_an_acquire() -> None:
-    with pytest.raises(ReplayError, match=r"^empty\.trace: no 'acquire N' line"):
-        bench.parse_replay("# nothing\n\n", "empty.trace")
-
-
-def test_load_replay_missing_file(tmp_path: Path) -> None:
-    missing = tmp_path / "nope.trace"
-    with pytest.raises(ReplayError, match=r"nope\.trace: cannot read the replay file"):
-        bench.load_replay(missing)
-
-
-def test_load_replay_repeats_short_files(tmp_path: Path) -> None:
-    path = tmp_path / "short.trace"
-    path.write_text("acquire 5\nacquire 6\nrelease 1\n", encoding="utf-8")
-    trace = bench.load_replay(path, min_ops=5)
-    assert trace.ops == 6
-    assert trace.events[:8] == (5, 6, ~1, ~0, 5, 6, ~3, ~2)
-    live_handles(trace.events)
-    assert bench.load_replay(path, min_ops=1).events == (5, 6, ~1, ~0)
-
-
-def test_sample_trace_parses() -> None:
-    trace = bench.parse_replay(SAMPLE.read_text(encoding="utf-8"), str(SAMPLE))
-    assert trace.ops == 48
-    assert 65536 in trace.events
-    live_handles(trace.events)
-    assert bench.load_replay(SAMPLE).ops >= bench.MIN_BATCH_OPS
+def test_blocks_sums_two_to_four_requests_of_14_to_18_blocks() -> None:
+    trace = by_name(4_000)["blocks"]
+    sizes = trace.cycle
+    assert sizes is not None
+    assert max(live_handles(trace.events)) == 1
+    assert min(sizes) >= 2 * 14
+    assert max(sizes) <= 4 * 18
+    # Uniform counts of uniform requests: the mean is 3 x 16 blocks, both ends are reached.
+    assert abs(statistics.fmean(sizes) - 48) < 1
+    assert min(sizes) <= 30
+    assert max(sizes) >= 70

@@ -12,8 +12,8 @@ import typing
 
 import pytest
 
+import bench
 import bucketpool
-import bucketpool.bench
 
 #: The public modules, each with the names it defines or re-exports.
 PUBLIC_MODULES = [
@@ -24,11 +24,11 @@ PUBLIC_MODULES = [
 PRIVATE_MODULES = [
     f"bucketpool.{info.name}"
     for info in pkgutil.iter_modules(bucketpool.__path__)
-    if info.name.startswith("_") and info.name != "__main__"
+    if info.name.startswith("_")
 ] + [
-    # The benchmark: a subpackage of private modules behind `python -m bucketpool bench`.
-    "bucketpool.bench",
-    *(f"bucketpool.bench.{info.name}" for info in pkgutil.iter_modules(bucketpool.bench.__path__)),
+    # The benchmark, beside the package: private modules behind `python -m bench`.
+    "bench",
+    *(f"bench.{info.name}" for info in pkgutil.iter_modules(bench.__path__)),
 ]
 
 

@@ -1,7 +1,7 @@
 """The original vLLM ``DescriptorBufferPool``, rebuilt from its documentation as the baseline.
 
 This is the pool the package replaces, kept only so that the benchmark
-(``python -m bucketpool bench``) can measure both side by side in one process.  Do not use
+(``python -m bench``) can measure both side by side in one process.  Do not use
 it in new code: it never frees, keeps the largest triple it ever made, hands out tensors
 longer than asked, and accepts double and foreign releases without a word.
 """

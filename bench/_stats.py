@@ -56,7 +56,7 @@ BOOTSTRAP_SAMPLES = 2_000
 #: the machine was too disturbed to judge.
 LOADED_SPREAD = 0.25
 
-Unit = Literal["x", "ns", "bytes", "count"]
+Unit = Literal["x", "ns", "bytes", "count", "ops/s", "%"]
 Op = Literal["<=", ">="]
 Verdict = Literal["PASS", "FAIL", "UNSURE", "LOADED"]
 
@@ -70,7 +70,7 @@ class Measurement:
         value: the median over rounds (or the exact value).
         low: the interval's lower end.
         high: the interval's upper end.
-        unit: ``x`` (a ratio), ``ns``, ``bytes`` or ``count``.
+        unit: ``x`` (a ratio), ``ns``, ``bytes``, ``count``, ``ops/s`` or ``%``.
         timed: whether it depends on timing (and so on the machine's load).
         rounds: rounds it was computed from (1 for exact values).
         spread: the baseline's relative interquartile range (0 for exact values).

@@ -1,34 +1,32 @@
-"""The ``bench`` subcommand of ``python -m bucketpool``: arguments, the run, the exit status.
+"""The command line, ``python -m bench``: arguments, the run, the exit status.
 
-Exit status: 0 after a run; with ``--check``, 1 when a target FAILs (and, with
-``--strict-check``, when one is UNSURE or LOADED); 2 for bad arguments, a bad replay file,
-an output path in a missing folder, or ``--plot`` without matplotlib.
+Exit status: 0 after a run without ``--check``.  With ``--check``: 0 when every promise
+holds (PASS); 1 when a promise FAILs; 3 when none FAILs but one is UNSURE (its interval
+straddles the bound) or LOADED (measured on a loaded machine): a verdict that could not be
+given is never 0.  ``--strict-check`` judges the goals as promises.  2, with or without
+``--check``: bad arguments, a bad replay file, an output path that cannot be written, or
+``--plot`` without matplotlib.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from bucketpool.bench._report import matplotlib_available, render_table, write_json
-from bucketpool.bench._runner import CASE_KINDS, Progress, Settings, build_cases, run_benchmark
-from bucketpool.bench._targets import exit_status
-from bucketpool.bench._traces import (
-    SELECTIONS,
-    ReplayError,
-    Trace,
-    builtin_traces,
-    load_replay,
-    select_traces,
-)
+from bench._json import write_json
+from bench._replay import ReplayError, load_replay
+from bench._report import matplotlib_available, render_table
+from bench._runner import Progress, Settings, build_cases, run_benchmark
+from bench._targets import USAGE_ERROR, exit_status
+from bench._traces import CASE_KINDS, SELECTIONS, Trace, builtin_traces, select_traces
 
-__all__ = ["PROG", "add_bench_parser", "bench_command"]
+__all__ = ["PROG", "bench_command", "build_parser", "main"]
 
-PROG = "python -m bucketpool"
+PROG = "python -m bench"
 _PLOT_EXTRA = "pip install 'bucketpool[plot]'"
 
 
@@ -52,16 +50,19 @@ def _seconds(text: str) -> float:
     return value
 
 
-def add_bench_parser(commands: argparse._SubParsersAction[Any]) -> argparse.ArgumentParser:
-    """Add the ``bench`` subcommand to *commands*, with `bench_command` as its action."""
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser of the command line, with `bench_command` as its action."""
     full, quick = Settings.for_mode(quick=False), Settings.for_mode(quick=True)
-    bench: argparse.ArgumentParser = commands.add_parser(
-        "bench",
-        help="compare bucketpool with the original pool and check the targets",
+    bench = argparse.ArgumentParser(
+        prog=PROG,
         description=(
             "Time the original DescriptorBufferPool, BucketPool and the compat drop-in on "
             "the same traces, interleaved round by round in one process; report each ratio "
-            "with a 95% interval and judge each target PASS, FAIL or UNSURE."
+            "with a 95% interval and judge each promise and goal PASS, FAIL or UNSURE."
+        ),
+        epilog=(
+            "exit status: 0 after a run; with --check, 0 when every promise holds, 1 when one "
+            "FAILs, 3 when one is UNSURE or LOADED; 2 for a usage error."
         ),
     )
     bench.add_argument(
@@ -93,20 +94,21 @@ def add_bench_parser(commands: argparse._SubParsersAction[Any]) -> argparse.Argu
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--plot", metavar="PATH.png", help=f"also draw a PNG (needs {_PLOT_EXTRA})")
     bench.add_argument(
-        "--check", action="store_true", help="exit with status 1 when a target FAILs"
+        "--check",
+        action="store_true",
+        help="exit 1 when a promise FAILs, 3 when one is UNSURE or LOADED (goals never fail)",
     )
     bench.add_argument(
         "--strict-check",
         action="store_true",
-        help="as --check, and UNSURE or LOADED targets fail too",
+        help="as --check, with the goals judged as promises",
     )
-    bench.set_defaults(run=bench_command)
     return bench
 
 
 def _error(message: str) -> int:
-    print(f"{PROG} bench: error: {message}", file=sys.stderr)
-    return 2
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
 
 
 def _unwritable(paths: Sequence[str | None]) -> str | None:
@@ -117,8 +119,11 @@ def _unwritable(paths: Sequence[str | None]) -> str | None:
         target = Path(path)
         if target.is_dir():
             return f"cannot write {path!r}: it is a folder"
-        if not target.resolve().parent.is_dir():
+        folder = target.resolve().parent
+        if not folder.is_dir():
             return f"cannot write {path!r}: its folder does not exist"
+        if not os.access(folder, os.W_OK):
+            return f"cannot write {path!r}: its folder is not writable"
     return None
 
 
@@ -130,7 +135,7 @@ def _progress(start: float) -> Progress:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    """Run the benchmark that *args* (parsed by the ``bench`` parser) describe.
+    """Run the benchmark that *args* (parsed by `build_parser`'s parser) describe.
 
     Returns:
         The exit status (see the module docstring).
@@ -141,7 +146,11 @@ def bench_command(args: argparse.Namespace) -> int:
     if unwritable is not None:
         return _error(unwritable)
     settings = Settings.for_mode(
-        quick=args.quick, rounds=args.rounds, ops=args.ops, budget_s=args.budget
+        quick=args.quick,
+        rounds=args.rounds,
+        ops=args.ops,
+        budget_s=args.budget,
+        settle_goals=args.strict_check,
     )
     if args.replay is not None:
         try:
@@ -163,7 +172,7 @@ def bench_command(args: argparse.Namespace) -> int:
         write_json(result, args.json)
         progress(f"wrote {args.json}")
     if args.plot is not None:
-        from bucketpool.bench._plot import plot
+        from bench._plot import plot  # matplotlib, imported only when asked for
 
         plot(result, args.plot)
         progress(f"wrote {args.plot}")
@@ -171,3 +180,19 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.check or args.strict_check:
         return exit_status(result.checks, strict=args.strict_check)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: the arguments without the program name; `None` reads `sys.argv`.
+
+    Returns:
+        The exit status (see the module docstring).
+
+    Raises:
+        SystemExit: argparse rejected the arguments (status 2) or printed help (status 0).
+    """
+    args = build_parser().parse_args(argv)
+    return bench_command(args)

@@ -14,10 +14,10 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from bench._cases import median_of, ops_for, ratio_of
+from bench._original import OriginalDescriptorBufferPool
+from bench._stats import Measurement, time_ns
 from bucketpool import BucketPool, BufferHandle
-from bucketpool.bench._cases import median_of, ops_for, ratio_of
-from bucketpool.bench._original import OriginalDescriptorBufferPool
-from bucketpool.bench._stats import Measurement, time_ns
 
 __all__ = ["BLOCK_BYTES", "FILL_COPIES", "FillsCase"]
 

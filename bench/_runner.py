@@ -6,9 +6,19 @@ targets get more rounds, a few at a time, until the verdicts settle, a case reac
 `Settings.max_rounds`, `Settings.budget_s` seconds of extra measuring are spent, or the
 interval is down to the resolution floor (more rounds cannot narrow it further).
 
-The load average is read after every round.  A case measured while it exceeded the number
-of CPUs is reported ``LOADED`` instead of judged, as is a figure whose baseline varied by
-more than `bucketpool.bench._stats.LOADED_SPREAD` between rounds.
+Extra rounds go to the cases of UNSURE promises only: goals never fail ``--check``, and
+some (a p99 under fast switching) never settle.  With `Settings.settle_goals`
+(``--strict-check``), UNSURE goals get them once no promise is UNSURE.
+
+After every round the runner counts the tasks the machine is running besides the benchmark
+(`other_runnable`: Linux's instantaneous count of runnable tasks, whose average is the load
+average; the benchmark's own threads are joined by then, so they do not count, as they would
+in the load average).  A case whose rounds saw on average more other tasks than the CPUs it
+leaves free (all but one for a single-threaded case, none for a threaded one), by more than
+`LOAD_TOLERANCE`, is reported ``LOADED`` instead of judged, as is a figure whose baseline
+varied by more than `bench._stats.LOADED_SPREAD` between rounds.  So one CPU-bound process
+beside the benchmark on two CPUs leaves the single-threaded cases judged and the threaded
+ones LOADED.
 
 Progress goes through a callback, one line per step: a run is a minute or so, and a line
 per step says enough without a progress-bar dependency.  Nothing here is thread-safe;
@@ -20,6 +30,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import statistics
 import time
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -28,30 +39,37 @@ import attrs
 import numpy as np
 import torch
 
-from bucketpool.bench._cases import Case, DebugCase, ParkedCase, TraceCase
-from bucketpool.bench._fills import FillsCase
-from bucketpool.bench._overhead import OverheadCase
-from bucketpool.bench._stats import RESOLUTION, Measurement
-from bucketpool.bench._targets import TARGETS, Check, TargetSpec, check_targets
-from bucketpool.bench._threads import ThreadsCase
-from bucketpool.bench._traces import DEFAULT_OPS, QUICK_OPS, Trace
+from bench._cases import Case, DebugCase, TraceCase
+from bench._compat import CompatCase
+from bench._fills import FillsCase
+from bench._overhead import OverheadCase
+from bench._parked import ParkedCase, ParkedStuckCase
+from bench._sites import SiteCostCase
+from bench._stats import RESOLUTION, Measurement
+from bench._targets import TARGETS, Check, TargetSpec, check_targets
+from bench._threads import SwitchCase, ThreadsCase
+from bench._traces import CASE_KINDS, DEFAULT_OPS, QUICK_OPS, Trace
 
 __all__ = [
     "CASE_KINDS",
+    "LOAD_TOLERANCE",
     "BenchResult",
     "Progress",
     "Settings",
     "build_cases",
     "environment",
     "load_average",
+    "other_runnable",
     "run_benchmark",
 ]
 
 #: Called with one line before each step of a run.
 Progress = Callable[[str], None]
-#: The cases beside the traces, as ``--trace`` names them.
-CASE_KINDS = ("parked", "threads", "debug", "fills", "overhead")
 _EXTRA_ROUNDS = 3  # rounds per UNSURE case between two judgements
+_LOAD_SAMPLES = 5  # counts of runnable tasks after each round, 1 ms apart
+#: Other tasks, on average, that a case's CPUs may share with before it is LOADED: a quiet
+#: machine's own daemons average a few tenths.
+LOAD_TOLERANCE = 0.5
 
 
 @typing.final
@@ -66,10 +84,11 @@ class Settings:
         ops: acquires per trace pass and per hot-loop pass.
         thread_ops: ops per thread per threaded run: long enough that the locked original's
             throughput (lock convoys come and go) varies little between rounds.
-        parked: handles parked in the parked case.
+        parked: handles parked in the ``parked-N`` case.
         min_pass_ns: a fill batch or debug-level pass lasts at least this long.
         quick: whether ``--quick`` chose the defaults.
         seed: seeds the traces, the fill inputs and the bootstrap.
+        settle_goals: whether UNSURE goals get extra rounds too (``--strict-check``).
     """
 
     rounds: int = 7
@@ -81,6 +100,7 @@ class Settings:
     min_pass_ns: int = 5_000_000
     quick: bool = False
     seed: int = 0
+    settle_goals: bool = False
 
     @classmethod
     def for_mode(
@@ -90,6 +110,7 @@ class Settings:
         rounds: int | None = None,
         ops: int | None = None,
         budget_s: float | None = None,
+        settle_goals: bool = False,
     ) -> Settings:
         """Return the defaults of the full or the ``--quick`` run, with overrides."""
         if quick:
@@ -110,21 +131,31 @@ class Settings:
             max_rounds=max(base.max_rounds, rounds or 0),
             ops=ops or base.ops,
             budget_s=base.budget_s if budget_s is None else budget_s,
+            settle_goals=settle_goals,
         )
 
 
 def build_cases(settings: Settings, traces: Sequence[Trace], kinds: Iterable[str]) -> list[Case]:
-    """Return the cases of a run: one per trace, then the named *kinds* of `CASE_KINDS`."""
+    """Return the cases of a run: one per trace, then those of the named *kinds*.
+
+    The kinds are those of `CASE_KINDS`; ``parked`` and ``threads`` name two cases each.
+    """
     chosen = set(kinds)
     cases: list[Case] = [TraceCase(trace) for trace in traces]
-    makers: dict[str, Callable[[], Case]] = {
-        "parked": lambda: ParkedCase(settings.ops, settings.parked),
-        "threads": lambda: ThreadsCase(settings.thread_ops),
-        "debug": lambda: DebugCase(settings.min_pass_ns, settings.ops),
-        "fills": lambda: FillsCase(settings.min_pass_ns, settings.seed),
-        "overhead": OverheadCase,
+    ops, min_pass_ns = settings.ops, settings.min_pass_ns
+    makers: dict[str, Callable[[], Sequence[Case]]] = {
+        "parked": lambda: (ParkedCase(ops, settings.parked), ParkedStuckCase(ops)),
+        "threads": lambda: (ThreadsCase(settings.thread_ops), SwitchCase(settings.thread_ops)),
+        "debug": lambda: (DebugCase(min_pass_ns, ops),),
+        "fills": lambda: (FillsCase(min_pass_ns, settings.seed),),
+        "overhead": lambda: (OverheadCase(),),
+        "leak-site": lambda: (SiteCostCase(min_pass_ns, ops),),
+        "compat": lambda: (CompatCase(),),
     }
-    cases.extend(make() for kind, make in makers.items() if kind in chosen)
+    assert tuple(makers) == CASE_KINDS, "every kind --trace names has its cases"
+    for kind, make in makers.items():
+        if kind in chosen:
+            cases.extend(make())
     return cases
 
 
@@ -140,7 +171,7 @@ class BenchResult:
         figures: case name to its measurements.
         checks: the targets judged.
         rounds: case name to rounds run.
-        load: the highest 1-minute load average read during each case's rounds.
+        load: the mean count of other runnable tasks after each case's rounds.
         duration_s: the run's wall time.
     """
 
@@ -167,6 +198,29 @@ def load_average() -> float:
         return 0.0
 
 
+def other_runnable() -> float:
+    """Return how many tasks are runnable now besides the caller.
+
+    Linux's instantaneous count (``/proc/loadavg``), less the caller; elsewhere the load
+    average less one, which also counts the benchmark's recent threads.
+    """
+    try:
+        with open("/proc/loadavg", encoding="ascii") as file:
+            running = int(file.read().split()[3].partition("/")[0])
+    except (OSError, ValueError, IndexError):
+        return max(0.0, load_average() - 1)
+    return float(max(0, running - 1))
+
+
+def _busy_elsewhere() -> float:
+    """The mean of a few `other_runnable` counts, 1 ms apart."""
+    counts = []
+    for _ in range(_LOAD_SAMPLES):
+        counts.append(other_runnable())
+        time.sleep(0.001)
+    return statistics.fmean(counts)
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("bucketpool")
@@ -190,15 +244,31 @@ def environment() -> dict[str, object]:
     }
 
 
-def _unsure(checks: Iterable[Check]) -> set[str]:
-    """Cases with an UNSURE timed target that more rounds could still settle."""
-    return {
-        check.case
+def _pending(
+    cases: Sequence[Case], checks: Iterable[Check], rounds: Mapping[str, int], settings: Settings
+) -> list[Case]:
+    """Cases with an UNSURE timed target that more rounds could still settle.
+
+    Those with an UNSURE promise, if any; else, with `Settings.settle_goals`, those with an
+    UNSURE goal.
+    """
+    unsure = [
+        check
         for check in checks
         if check.measurement.timed
         and check.interval_verdict == "UNSURE"
         and not _at_resolution(check.measurement)
-    }
+        and rounds[check.case] < settings.max_rounds
+    ]
+    names = {check.case for check in unsure if check.spec.kind == "promise"}
+    if not names and settings.settle_goals:
+        names = {check.case for check in unsure}
+    return [case for case in cases if case.name in names]
+
+
+def _cores(case: Case, cpus: int) -> int:
+    """The CPUs *case* keeps busy: its ``cores`` attribute (threaded cases), else 1."""
+    return max(1, min(int(getattr(case, "cores", 1)), cpus))
 
 
 def _at_resolution(measurement: Measurement) -> bool:
@@ -229,7 +299,8 @@ def run_benchmark(
     start = time.perf_counter()
     cpus = os.cpu_count() or 1
     rounds = dict.fromkeys((case.name for case in cases), 0)
-    load = dict.fromkeys((case.name for case in cases), 0.0)
+    busy: dict[str, list[float]] = {case.name: [] for case in cases}
+    load: dict[str, float] = dict.fromkeys(busy, 0.0)
 
     def run_rounds(case: Case, count: int) -> None:
         if not case.samples:
@@ -237,11 +308,16 @@ def run_benchmark(
         for _ in range(count):
             case.round()
             rounds[case.name] += 1
-            load[case.name] = max(load[case.name], load_average())
+            busy[case.name].append(_busy_elsewhere())
+        load[case.name] = statistics.fmean(busy[case.name])
 
     def judge() -> tuple[dict[str, dict[str, Measurement]], tuple[Check, ...]]:
         figures = {case.name: case.measurements() for case in cases}
-        loaded = frozenset(name for name, seen in load.items() if seen > cpus)
+        loaded = frozenset(
+            case.name
+            for case in cases
+            if load[case.name] + _cores(case, cpus) > cpus + LOAD_TOLERANCE
+        )
         return figures, check_targets(figures, loaded, specs)
 
     try:
@@ -252,10 +328,7 @@ def run_benchmark(
         figures, checks = judge()
         extra_start = time.perf_counter()
         while True:
-            unsure = _unsure(checks)
-            pending = [
-                c for c in cases if c.name in unsure and rounds[c.name] < settings.max_rounds
-            ]
+            pending = _pending(cases, checks, rounds, settings)
             spent = time.perf_counter() - extra_start
             if not pending or spent >= settings.budget_s:
                 break

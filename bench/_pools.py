@@ -1,6 +1,6 @@
 """The pools under test, each driven the way its callers drive it.
 
-* ``original``: `~bucketpool.bench._original.OriginalDescriptorBufferPool`, called as vLLM's
+* ``original``: `bench._original.OriginalDescriptorBufferPool`, called as vLLM's
   worker calls it: ``bufs = pool.acquire(n)``, three ``[:n]`` slices, ``pool.release(bufs)``;
 * ``bucketpool``: `~bucketpool.BucketPool`, called as ``with pool.acquire(n) as bufs:``
   (the views already have ``n`` entries, so nothing is sliced);
@@ -23,8 +23,8 @@ from typing import Protocol, TypeVar
 import attrs
 import torch
 
+from bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
 from bucketpool import BucketPool, BufferHandle
-from bucketpool.bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
 from bucketpool.compat import DescriptorBufferPool
 
 __all__ = [
@@ -241,9 +241,12 @@ _FACTORIES: Mapping[str, Callable[[], Implementation]] = {
 }
 
 
-def make_implementations() -> tuple[Implementation, ...]:
-    """Return one `Implementation` of each kind, each with a fresh pool of default settings."""
-    return tuple(factory() for factory in _FACTORIES.values())
+def make_implementations(names: Sequence[str] = IMPLEMENTATIONS) -> tuple[Implementation, ...]:
+    """Return an `Implementation` of each of *names*, each with a fresh pool of defaults.
+
+    They come in `IMPLEMENTATIONS` order, the order they run in each round.
+    """
+    return tuple(factory() for name, factory in _FACTORIES.items() if name in names)
 
 
 @typing.final

@@ -1,13 +1,13 @@
-"""The case interface, its helpers, and the single-threaded timing cases.
+"""The case interface, its helpers, and the cases of the traces and of the debug levels.
 
 A case holds its pools for the whole run.  `Case.setup` makes them and runs the untimed
 warm-up; each `Case.round` runs every series of the case once, back to back, and appends
 one sample per series; `Case.measurements` turns the samples into figures with intervals
-(see `bucketpool.bench._stats`).  The runner may call `Case.round` again later to narrow an
+(see `bench._stats`).  The runner may call `Case.round` again later to narrow an
 interval, so a round never depends on how many came before.
 
-Cases here: one per trace, the parked handles and the debug levels; the threads
-(``_threads``), fills (``_fills``) and memory overhead (``_overhead``) cases live in their own
+Cases here: one per trace and the debug levels; the others (parked handles, threads,
+fills, memory overhead, the leak-site cost, compat's acceptance) live in their own
 modules.  Kept custom: the cases interleave several pools in one process (pyperf would run
 each in its own worker process, where pairing is lost).
 """
@@ -22,15 +22,9 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from bucketpool import BucketPool
-from bucketpool.bench._pools import (
-    IMPLEMENTATIONS,
-    Implementation,
-    handle_ops,
-    make_implementations,
-    park,
-)
-from bucketpool.bench._stats import (
+from bench._compat import compat_refusals
+from bench._pools import IMPLEMENTATIONS, Implementation, handle_ops, make_implementations
+from bench._stats import (
     Measurement,
     Unit,
     exact,
@@ -39,14 +33,13 @@ from bucketpool.bench._stats import (
     summarize,
     time_ns,
 )
-from bucketpool.bench._traces import Trace
+from bench._traces import Trace
+from bucketpool import BucketPool
 
 __all__ = [
     "HOT_N",
-    "PARKED",
     "Case",
     "DebugCase",
-    "ParkedCase",
     "TraceCase",
     "median_of",
     "ops_for",
@@ -55,8 +48,6 @@ __all__ = [
 
 #: The hot loop's n: one image of a 7B vision model, in encoder-cache blocks.
 HOT_N = 1_196
-PARKED = 10_000
-_PARKED_N = 16  # another bucket than HOT_N's
 
 
 class Case(Protocol):
@@ -121,7 +112,12 @@ def _pass_of(impl: Implementation, trace: Trace) -> Callable[[], None]:
 
 @typing.final
 class TraceCase:
-    """The three pools on one trace: ns per op, allocations and bytes held."""
+    """The three pools on one trace: ns per op, allocations, bytes held, compat's refusals.
+
+    Before any timing, the compat drop-in is driven once through the trace as the original's
+    callers drive it, counting the calls it refuses; if it refuses any, it is left out of the
+    timed rounds (a refusal would end the run), and the promise on its refusals FAILs.
+    """
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
@@ -130,15 +126,20 @@ class TraceCase:
         self.samples: dict[str, list[float]] = {name: [] for name in IMPLEMENTATIONS}
         #: Implementation to bytes held after each op (recorded traces only).
         self.series: dict[str, tuple[int, ...]] = {}
+        #: Calls of the trace that compat refused (or answered with a short triple).
+        self.refusals = 0
         self._impls: tuple[Implementation, ...] = ()
         self._passes: list[Callable[[], None]] = []
         self._warm: list[int] = []
 
     def setup(self) -> None:
-        """Record bytes held if the trace asks (fresh pools), then warm up fresh pools."""
+        """Count compat's refusals, record bytes held if asked (fresh pools), warm up."""
+        self.refusals = compat_refusals(self.trace.events)
+        names = [name for name in IMPLEMENTATIONS if name != "compat" or not self.refusals]
+        self.samples = {name: [] for name in names}
         if self.trace.record_bytes:
-            self.series = {i.name: i.record(self.trace.events) for i in make_implementations()}
-        self._impls = make_implementations()
+            self.series = {i.name: i.record(self.trace.events) for i in make_implementations(names)}
+        self._impls = make_implementations(names)
         self._passes = [_pass_of(impl, self.trace) for impl in self._impls]
         for run in self._passes:
             run()
@@ -155,10 +156,10 @@ class TraceCase:
 
     def measurements(self) -> dict[str, Measurement]:
         """Ratios to the original, ns per op, allocations after warm-up and bytes held."""
-        figures = {
-            "bucketpool/original": ratio_of(self.samples, "bucketpool", "original"),
-            "compat/original": ratio_of(self.samples, "compat", "original"),
-        }
+        figures = {"bucketpool/original": ratio_of(self.samples, "bucketpool", "original")}
+        if "compat" in self.samples:
+            figures["compat/original"] = ratio_of(self.samples, "compat", "original")
+        figures["compat refusals"] = exact(self.refusals, "count")
         cap = BucketPool().settings.max_cached_bytes
         for impl, warm in zip(self._impls, self._warm, strict=True):
             memory = impl.memory()
@@ -174,51 +175,6 @@ class TraceCase:
         )
         figures["bucketpool final bytes / cache cap"] = exact(ours.bytes_held / cap, "x")
         return figures
-
-
-# -- handles parked on pending events -------------------------------------------------------
-
-
-@typing.final
-class ParkedCase:
-    """The hot loop with `PARKED` handles parked on pending events in another bucket."""
-
-    def __init__(self, ops: int, parked: int = PARKED) -> None:
-        self.name = f"parked-{parked}"
-        self.description = (
-            f"with pool.acquire({HOT_N:,}) loop; {parked:,} handles of n = {_PARKED_N} parked "
-            "on events whose query() is False, vs the same loop with none parked"
-        )
-        self.samples: dict[str, list[float]] = {"none parked": [], "parked": []}
-        self._ops = ops
-        self._parked = parked
-        self._pools: dict[str, BucketPool] = {}
-
-    def setup(self) -> None:
-        """Make both pools, park the handles, warm both loops up."""
-        self._pools = {"none parked": BucketPool(), "parked": BucketPool()}
-        park(self._pools["parked"], _PARKED_N, self._parked)
-        for pool in self._pools.values():
-            handle_ops(pool, HOT_N, self._ops, None)
-        gc.collect()
-
-    def round(self) -> None:
-        """One timed loop per pool: none parked first (the baseline), then parked."""
-        for name, pool in self._pools.items():
-            elapsed = time_ns(functools.partial(handle_ops, pool, HOT_N, self._ops, None))
-            self.samples[name].append(elapsed / self._ops)
-
-    def close(self) -> None:
-        """Drop both pools, the parked handles with them."""
-        self._pools = {}
-
-    def measurements(self) -> dict[str, Measurement]:
-        """The ratio parked / none parked, and each loop's ns per op."""
-        return {
-            "parked/none parked": ratio_of(self.samples, "parked", "none parked"),
-            "none parked ns/op": median_of(self.samples["none parked"], "ns"),
-            "parked ns/op": median_of(self.samples["parked"], "ns"),
-        }
 
 
 # -- debug levels ---------------------------------------------------------------------------

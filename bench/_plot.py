@@ -1,9 +1,10 @@
 """The ``--plot`` report: one PNG of a run, drawn with matplotlib (the ``plot`` extra).
 
-Four panels: the traces' ratios to the original, the other timed cases, the fills, and
-bytes held over the recorded trace.  Every timed point carries its interval as an error
-bar, and every target is a dashed segment at its case.  Uses matplotlib's Agg canvas
-directly, so no global backend is changed.
+Six panels: the traces' ratios to the original; the parked and debug cases; the threads
+cases; the fills; bytes held over the recorded trace; and the verdicts in words.  Every
+timed point carries its interval as an error bar; a promise's bound is a solid segment at
+its case, a goal's a dashed one.  Uses matplotlib's Agg canvas directly, so no global
+backend is changed.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import fnmatch
 import typing
 from collections.abc import Mapping, Sequence
 
-from bucketpool.bench._cases import TraceCase
-from bucketpool.bench._fills import FillsCase
-from bucketpool.bench._runner import BenchResult
-from bucketpool.bench._stats import Measurement
-from bucketpool.bench._targets import Check
+from bench._cases import TraceCase
+from bench._fills import FillsCase
+from bench._runner import BenchResult
+from bench._stats import Measurement
+from bench._targets import Check, Kind
 
 if typing.TYPE_CHECKING:
     import os
@@ -33,12 +34,26 @@ _STYLES = {
     "original": ("tab:grey", "^", ":"),
     "other": ("tab:green", "D", "-"),
 }
-_OTHER_FIGURES = (
-    ("parked-*", "parked/none parked", "parked / none"),
-    ("threads-*", "bucketpool/original throughput", "8 threads: throughput"),
-    ("threads-*", "bare acquire/release throughput ratio", "8 threads: bare"),
+#: A promise's bound is drawn solid, a goal's dashed.
+_BOUND_STYLES: dict[Kind, typing.Literal["solid", "dashed"]] = {
+    "promise": "solid",
+    "goal": "dashed",
+}
+_PARKED_FIGURES = (
+    ("parked-[0-9]*", "parked/none parked", "parked / none"),
+    ("parked-stuck", "stuck/none stuck", "one stuck / none"),
     ("debug", "checks/off", "debug checks / off"),
     ("debug", "strict/off", "debug strict / off"),
+)
+_THREAD_FIGURES = (
+    ("threads-[0-9]", "bucketpool/original throughput", "throughput / original's"),
+    ("threads-[0-9]", "bare acquire/release throughput ratio", "bare / original's"),
+    ("threads-*-switch", "throughput at 100us / at default", "100 us / default"),
+    (
+        "threads-*-switch",
+        "p99 op latency at 100us / single-thread median op",
+        "p99 at 100 us / 1 thread",
+    ),
 )
 _FILL_FIGURES = (
     ("setitem/add_copies", "setitem / add_copies"),
@@ -48,8 +63,17 @@ _FILL_FIGURES = (
 )
 
 
-def _limits(checks: Sequence[Check]) -> dict[tuple[str, str], float]:
-    return {(check.case, check.spec.figure): check.spec.limit for check in checks}
+_Bounds = dict[tuple[str, str], list[tuple[float, Kind]]]
+
+
+def _bounds(checks: Sequence[Check]) -> _Bounds:
+    """(case, figure) to the bounds on it, with their kinds."""
+    bounds: _Bounds = {}
+    for check in checks:
+        bounds.setdefault((check.case, check.spec.figure), []).append(
+            (check.spec.limit, check.spec.kind)
+        )
+    return bounds
 
 
 def _errorbar(
@@ -80,34 +104,40 @@ def _errorbar(
 
 
 def _target_marks(
-    axes: Axes, xs: Sequence[float], limits: Sequence[float | None], style: str, label: str
+    axes: Axes,
+    xs: Sequence[float],
+    bounds: Sequence[Sequence[tuple[float, Kind]]],
+    style: str,
+    label: str,
 ) -> None:
     colour = _STYLES[style][0]
-    labelled = False
-    for x, limit in zip(xs, limits, strict=True):
-        if limit is None:
-            continue
-        axes.hlines(
-            limit,
-            x - 0.35,
-            x + 0.35,
-            colors=colour,
-            linestyles="dashed",
-            linewidth=2,
-            label="_nolegend_" if labelled else label,
-        )
-        labelled = True
+    labelled: set[Kind] = set()
+    for x, marks in zip(xs, bounds, strict=True):
+        for limit, kind in marks:
+            axes.hlines(
+                limit,
+                x - 0.35,
+                x + 0.35,
+                colors=colour,
+                linestyles=_BOUND_STYLES[kind],
+                linewidth=2,
+                label="_nolegend_" if kind in labelled else f"{label} ({kind})",
+            )
+            labelled.add(kind)
 
 
 def _traces_panel(axes: Axes, result: BenchResult, traces: Sequence[TraceCase]) -> None:
-    limits = _limits(result.checks)
+    bounds = _bounds(result.checks)
     xs = list(range(len(traces)))
     for offset, impl in ((-0.1, "bucketpool"), (0.1, "compat")):
         figure = f"{impl}/original"
-        points = [x + offset for x in xs]
-        _errorbar(axes, points, [result.figures[t.name][figure] for t in traces], impl, impl)
-        marks = [limits.get((t.name, figure)) for t in traces]
-        _target_marks(axes, xs, marks, impl, f"{impl} target")
+        timed = [
+            (x, t.name) for x, t in zip(xs, traces, strict=True) if figure in result.figures[t.name]
+        ]
+        points = [x + offset for x, _ in timed]
+        _errorbar(axes, points, [result.figures[name][figure] for _, name in timed], impl, impl)
+        marks = [bounds.get((name, figure), []) for _, name in timed]
+        _target_marks(axes, [x for x, _ in timed], marks, impl, f"{impl} bound")
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks(xs, [t.name for t in traces], rotation=40, ha="right")
     axes.set_ylabel("ns/op / original's (per-round ratio)")
@@ -121,7 +151,7 @@ def _named_panel(
     entries: Sequence[tuple[str, str, str]],
     title: str,
 ) -> None:
-    limits = _limits(result.checks)
+    bounds = _bounds(result.checks)
     present = []
     for pattern, figure, label in entries:
         for case, figures in result.figures.items():
@@ -135,7 +165,11 @@ def _named_panel(
     measured = [result.figures[case][figure] for case, figure, _ in present]
     _errorbar(axes, xs, measured, "other", "measured", joined=False)
     _target_marks(
-        axes, xs, [limits.get((case, figure)) for case, figure, _ in present], "original", "target"
+        axes,
+        xs,
+        [bounds.get((case, figure), []) for case, figure, _ in present],
+        "original",
+        "bound",
     )
     verdicts = {(check.case, check.spec.figure): check.verdict for check in result.checks}
     for x, (case, figure, _), point in zip(xs, present, measured, strict=True):
@@ -180,6 +214,26 @@ def _bytes_panel(axes: Axes, result: BenchResult, recorded: TraceCase | None) ->
     axes.legend(fontsize="small")
 
 
+def _verdicts_panel(axes: Axes, result: BenchResult) -> None:
+    """The verdicts in words: counts per kind, and every target that did not PASS."""
+    lines = []
+    for kind in ("promise", "goal"):
+        checks = [check for check in result.checks if check.spec.kind == kind]
+        passed = sum(check.verdict == "PASS" for check in checks)
+        lines.append(f"{kind}s: {passed} of {len(checks)} PASS")
+        missed = [f"  {c.verdict}: {c.name}" for c in checks if c.verdict != "PASS"]
+        lines += missed[:12]
+        if len(missed) > 12:
+            lines.append(f"  ... and {len(missed) - 12} more (see the table)")
+    site = result.figures.get("leak-site", {}).get("site cost per call")
+    if site is not None:
+        share = result.figures["leak-site"]["site cost / with-acquire op"]
+        lines.append(f"leak site: {site.value:,.0f} ns per call, {share.value:.1f}% of the op")
+    axes.axis("off")
+    axes.text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize="small")
+    axes.set_title("verdicts (--check judges the promises)")
+
+
 def _title(result: BenchResult) -> str:
     env = result.environment
     machine = typing.cast("Mapping[str, object]", env["machine"])
@@ -188,8 +242,9 @@ def _title(result: BenchResult) -> str:
     return (
         f"bucketpool {env['version']} benchmark ({mode}, {day}): {machine['platform']}, "
         f"{machine['cpus']} CPUs; Python {env['python']}, torch {env['torch']}, "
-        f"numpy {env['numpy']}\nerror bars: bootstrap 95% interval of the median per-round "
-        "ratio; dashed: target"
+        f"numpy {env['numpy']}\nratios: time per op over the baseline's in the same round, "
+        "lower is better unless the bound says >=; error bars: bootstrap 95% interval of "
+        "the median; bounds: solid a promise, dashed a goal"
     )
 
 
@@ -203,17 +258,26 @@ def plot(result: BenchResult, path: str | os.PathLike[str]) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(15, 10), layout="constrained")
+    figure = Figure(figsize=(20, 11), layout="constrained")
     FigureCanvasAgg(figure)
-    (traces_axes, other_axes), (fills_axes, bytes_axes) = figure.subplots(2, 2)
+    (traces_axes, parked_axes, threads_axes), (fills_axes, bytes_axes, verdict_axes) = (
+        figure.subplots(2, 3)
+    )
     traces = [case for case in result.cases if isinstance(case, TraceCase)]
     if traces:
         _traces_panel(traces_axes, result, traces)
-    _named_panel(other_axes, result, _OTHER_FIGURES, "parked, threads, debug levels")
+    _named_panel(parked_axes, result, _PARKED_FIGURES, "parked handles, debug levels: ratios")
+    _named_panel(
+        threads_axes,
+        result,
+        _THREAD_FIGURES,
+        "threads: throughput ratios (higher is better), p99 ratio (lower)",
+    )
     fills = [("fills", figure_name, label) for figure_name, label in _FILL_FIGURES]
     if any(isinstance(case, FillsCase) for case in result.cases):
         _named_panel(fills_axes, result, fills, "fills: ratios of ns per call")
     recorded = next((case for case in traces if case.series), None)
     _bytes_panel(bytes_axes, result, recorded)
+    _verdicts_panel(verdict_axes, result)
     figure.suptitle(_title(result))
     figure.savefig(path, format="png", dpi=90)

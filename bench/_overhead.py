@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 import torch
 
+from bench._cases import HOT_N
+from bench._original import OriginalDescriptorBufferPool
+from bench._pools import memory_of
+from bench._stats import Measurement, exact
 from bucketpool import BucketPool
-from bucketpool.bench._cases import HOT_N
-from bucketpool.bench._original import OriginalDescriptorBufferPool
-from bucketpool.bench._pools import memory_of
-from bucketpool.bench._stats import Measurement, exact
 from bucketpool.compat import DescriptorBufferPool
 
 __all__ = ["OverheadCase"]

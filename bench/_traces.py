@@ -1,19 +1,8 @@
-"""The trace model of the benchmark: built-in seeded traces and replay files.
+"""The benchmark's built-in workloads: seeded traces of acquires and releases.
 
 A trace is a sequence of events: an int ``n >= 0`` acquires ``n`` entries and ``~i``
 (``-1 - i``) releases the handle of the ``i``-th acquire (0-based).  An op is one acquire,
-its views and its release.
-
-Replay files (``--replay FILE``) hold one event per line::
-
-    # a comment; blank lines are ignored, and so is anything after '#'
-    acquire 1196      # acquire #0: 1,196 entries
-    acquire 64        # acquire #1
-    release 0         # release the handle of acquire #0
-    release 1
-
-``N`` is 0..16,777,216 and ``ID`` is the 0-based index of an earlier acquire not yet
-released.  Handles still live at the end of the file are released in acquire order.
+its views and its release.  Replay files, the user's own traces, are read by ``_replay``.
 
 Kept custom: no benchmarking library models a pool's workload (sizes, handles in flight,
 release order), and the whole model is a tuple of ints.
@@ -22,31 +11,28 @@ release order), and the whole model is a tuple of ints.
 from __future__ import annotations
 
 import math
-import os
 import random
-import re
 import typing
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import attrs
 
 __all__ = [
+    "BLOCKS_PER_REQUEST",
+    "CASE_KINDS",
     "DEFAULT_OPS",
     "ENTRY_BYTES",
     "IMAGE_BLOCKS",
-    "MIN_BATCH_OPS",
+    "NORMAL_MEAN",
+    "NORMAL_SD",
     "QUICK_OPS",
-    "REPLAY_MAX_N",
+    "REQUESTS_PER_STEP",
     "SELECTIONS",
     "SPIKE_N",
     "SPIKE_OPS",
     "TRACE_NAMES",
-    "ReplayError",
     "Trace",
     "builtin_traces",
-    "load_replay",
-    "parse_replay",
     "select_traces",
     "windowed_events",
 ]
@@ -59,10 +45,12 @@ SPIKE_OPS = 4_000
 SPIKE_N = 1 << 20
 #: One image of a 7B vision model, in encoder-cache blocks.
 IMAGE_BLOCKS = 1_196
-REPLAY_MAX_N = 1 << 24
-#: A replayed trace is repeated until a timed pass has at least this many acquires.
-MIN_BATCH_OPS = 1_000
 ENTRY_BYTES = 3 * 8  # one descriptor: three int64 entries
+#: ``normal-64``: n ~ round(Normal(mean, sd)), at least 1.
+NORMAL_MEAN, NORMAL_SD = 64, 4
+#: ``blocks``: each step batches this many requests (uniform), each this many blocks.
+REQUESTS_PER_STEP = (2, 4)
+BLOCKS_PER_REQUEST = (14, 18)
 
 _REPEATED_SIZES = (64, 1_196, 16_384)
 _LOGUNIFORM_WINDOWS = (1, 4, 16)
@@ -72,22 +60,17 @@ TRACE_NAMES = (
     *(f"repeated-{n}" for n in _REPEATED_SIZES),
     "alternating",
     *(f"loguniform-w{w}" for w in _LOGUNIFORM_WINDOWS),
+    f"normal-{NORMAL_MEAN}",
+    "blocks",
     "ramp",
     "spike",
     "encoder-cache",
 )
+#: The cases beside the traces, as ``--trace`` names them (``parked`` and ``threads`` are
+#: families of two cases each).
+CASE_KINDS = ("parked", "threads", "debug", "fills", "overhead", "leak-site", "compat")
 #: What ``--trace`` accepts: a trace, a family (``repeated``, ``loguniform``) or a case.
-SELECTIONS = (
-    "repeated",
-    "loguniform",
-    *TRACE_NAMES,
-    "parked",
-    "threads",
-    "debug",
-    "fills",
-    "overhead",
-)
-_CASES = ("parked", "threads", "debug", "fills", "overhead")
+SELECTIONS = ("repeated", "loguniform", *TRACE_NAMES, *CASE_KINDS)
 
 
 def _count_acquires(events: Sequence[int]) -> int:
@@ -181,6 +164,15 @@ def _loguniform(rng: random.Random, high: int, count: int) -> list[int]:
     return [int(math.exp(rng.uniform(0.0, top))) for _ in range(count)]
 
 
+def _normal(rng: random.Random, count: int) -> list[int]:
+    return [max(1, round(rng.gauss(NORMAL_MEAN, NORMAL_SD))) for _ in range(count)]
+
+
+def _block_steps(rng: random.Random, count: int) -> list[int]:
+    requests, blocks = REQUESTS_PER_STEP, BLOCKS_PER_REQUEST
+    return [sum(rng.randint(*blocks) for _ in range(rng.randint(*requests))) for _ in range(count)]
+
+
 def _encoder_steps(rng: random.Random, ops: int) -> list[int]:
     sizes: list[int] = []
     while len(sizes) < ops:  # a save, then a load, of 1-8 images each
@@ -230,6 +222,25 @@ def builtin_traces(ops: int = DEFAULT_OPS, seed: int = 0) -> tuple[Trace, ...]:
     )
     traces.append(
         Trace(
+            f"normal-{NORMAL_MEAN}",
+            f"n ~ round(Normal({NORMAL_MEAN}, {NORMAL_SD})), at least 1",
+            windowed_events(_normal(rng(f"normal-{NORMAL_MEAN}"), ops)),
+        )
+    )
+    low, high = (
+        REQUESTS_PER_STEP[0] * BLOCKS_PER_REQUEST[0],
+        REQUESTS_PER_STEP[1] * BLOCKS_PER_REQUEST[1],
+    )
+    traces.append(
+        Trace(
+            "blocks",
+            f"n = sum of {REQUESTS_PER_STEP[0]}-{REQUESTS_PER_STEP[1]} requests of "
+            f"{BLOCKS_PER_REQUEST[0]}-{BLOCKS_PER_REQUEST[1]} blocks (n in {low}-{high})",
+            windowed_events(_block_steps(rng("blocks"), ops)),
+        )
+    )
+    traces.append(
+        Trace(
             "ramp",
             f"n growing from 1 to {_LOGUNIFORM_MAX:,}",
             windowed_events([1 + (_LOGUNIFORM_MAX - 1) * i // max(ops - 1, 1) for i in range(ops)]),
@@ -260,12 +271,12 @@ def select_traces(traces: Iterable[Trace], selections: Iterable[str]) -> tuple[T
     """Return the traces named by *selections*, in the order of *traces*.
 
     A selection names a trace or a family: ``repeated`` selects every ``repeated-*``.
-    The case names (``parked``, ``threads``, ``debug``, ``fills``) select no trace.
+    The case names (`CASE_KINDS`) select no trace.
 
     Raises:
         ValueError: a selection matches nothing.
     """
-    chosen = [name for name in selections if name not in _CASES]
+    chosen = [name for name in selections if name not in CASE_KINDS]
     available = tuple(traces)
     for name in chosen:
         if not any(_matches(trace.name, name) for trace in available):
@@ -276,106 +287,3 @@ def select_traces(traces: Iterable[Trace], selections: Iterable[str]) -> tuple[T
 
 def _matches(trace_name: str, selection: str) -> bool:
     return trace_name == selection or trace_name.startswith(selection + "-")
-
-
-# -- replay files ---------------------------------------------------------------------------
-
-
-class ReplayError(ValueError):
-    """A replay file cannot be read or has a bad line; the message names file and line."""
-
-    def __init__(self, source: str, line: int | None, message: str) -> None:
-        where = source if line is None else f"{source}:{line}"
-        super().__init__(f"{where}: {message}")
-        self.source = source
-        self.line = line
-
-
-_NUMBER = re.compile(r"[0-9]+")
-
-
-def parse_replay(text: str, source: str = "<replay>") -> Trace:
-    """Parse replay *text* (the format is in this module's docstring) into a trace.
-
-    Args:
-        text: the file's contents.
-        source: the file name used in errors and in the trace's name.
-
-    Returns:
-        A trace named ``replay:<file name>``, with a byte recording for the plot.
-
-    Raises:
-        ReplayError: a line is not ``acquire N`` or ``release ID`` with valid numbers, a
-            release names an acquire that is unknown or already released, or there is no
-            acquire at all.
-    """
-    events: list[int] = []
-    live: set[int] = set()
-    acquires = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        words = raw.partition("#")[0].split()
-        if not words:
-            continue
-        if len(words) != 2 or words[0] not in ("acquire", "release"):
-            raise ReplayError(
-                source, number, f"expected 'acquire N' or 'release ID', got {raw.strip()[:60]!r}"
-            )
-        keyword, value = words
-        if not _NUMBER.fullmatch(value):
-            raise ReplayError(source, number, f"{keyword} needs a number >= 0, got {value!r}")
-        count = int(value)
-        if keyword == "acquire":
-            if count > REPLAY_MAX_N:
-                raise ReplayError(
-                    source, number, f"acquire {count:,} is above the limit {REPLAY_MAX_N:,}"
-                )
-            events.append(count)
-            live.add(acquires)
-            acquires += 1
-        elif count not in live:
-            state = "was already released" if count < acquires else "has not happened yet"
-            raise ReplayError(
-                source, number, f"release {count}: acquire #{count} {state} (IDs count from 0)"
-            )
-        else:
-            live.remove(count)
-            events.append(~count)
-    if not acquires:
-        raise ReplayError(source, None, "no 'acquire N' line")
-    events.extend(~i for i in sorted(live))
-    name = f"replay:{Path(source).name}"
-    return Trace(name, f"replayed from {source}", tuple(events), record_bytes=True)
-
-
-def load_replay(path: str | os.PathLike[str], min_ops: int = MIN_BATCH_OPS) -> Trace:
-    """Read and parse a replay file, repeated end to end up to at least *min_ops* acquires.
-
-    Repeating a short file makes each timed pass long enough to time; every repetition
-    acquires and releases exactly what the file does.
-
-    Raises:
-        ReplayError: the file cannot be read or is not valid (see `parse_replay`).
-    """
-    source = os.fspath(path)
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise ReplayError(source, None, f"cannot read the replay file: {reason}") from None
-    trace = parse_replay(text, source)
-    times = max(1, math.ceil(min_ops / trace.ops))
-    if times == 1:
-        return trace
-    return attrs.evolve(
-        trace,
-        description=f"{trace.description}, {trace.ops:,} acquires repeated {times} times",
-        events=_tile(trace.events, trace.ops, times),
-    )
-
-
-def _tile(events: Sequence[int], ops: int, times: int) -> tuple[int, ...]:
-    """Repeat *events* (with *ops* acquires) *times* times, renumbering the releases."""
-    tiled: list[int] = []
-    for shift in range(0, ops * times, ops):
-        tiled.extend(event if event >= 0 else ~(~event + shift) for event in events)
-    return tuple(tiled)
