@@ -13,9 +13,11 @@ from bucketpool._errors import (
     ReleaseError,
     UseAfterReleaseError,
 )
-from bucketpool._handle import BufferHandle, CompletionEvent, DescriptorBuffers
+from bucketpool._handle import BufferHandle
 from bucketpool._pool import BucketPool
+from bucketpool._settings import DebugLevel, Settings
 from bucketpool._stats import BucketStats, OutstandingBuffer, PoolStats, Stat
+from bucketpool._types import CompletionEvent, DescriptorBuffers
 
 try:  # single-sourced: the version is the one in pyproject.toml, as installed
     __version__ = importlib.metadata.version("bucketpool")
@@ -28,6 +30,7 @@ __all__ = [
     "BufferHandle",
     "CapacityError",
     "CompletionEvent",
+    "DebugLevel",
     "DescriptorBuffers",
     "InFlightWriteError",
     "LeakWarning",
@@ -35,6 +38,7 @@ __all__ = [
     "PoolError",
     "PoolStats",
     "ReleaseError",
+    "Settings",
     "Stat",
     "UseAfterReleaseError",
     "bucket_capacity",

@@ -1,133 +1,325 @@
-"""The records of the pool's buffers and buckets: plain data, no locking of their own.
+"""The records of buckets and buffers, and a buffer's views: cut, cached, checked, repaired.
 
-Which fields the pool's lock guards is said in `bucketpool._pool`.
+A buffer is one tensor of ``3 * capacity`` entries; its three fields (source addresses,
+destination addresses, sizes) are consecutive views of it, so that they share one version
+counter: one read of it tells whether anything changed any view in place.  Each buffer
+keeps up to `VIEW_SETS` view sets, one per recent ``n``, so that a repeated ``n`` cuts no
+tensor.  A holder may change its views in place (``resize_``, ``set_``, ``out=``, ...):
+every such change bumps the version counter, and the next hand-out then checks every
+cached view set against the buffer's own memory and drops the ones that no longer match,
+so the next holder always gets three contiguous 1-D views of exactly ``n`` entries of the
+pool's memory.  Plain writes through torch bump the counter too; they cost the next
+hand-out that check, nothing more.
+
+Which fields the lock guards is said in `bucketpool._lock`; the rest of a buffer belongs to
+its holder while it is handed out, and to the ledger otherwise.
 """
 
 from __future__ import annotations
 
 import collections
+import typing
+from collections.abc import Callable
+from typing import TYPE_CHECKING, SupportsIndex
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
-from bucketpool import _debug, _fill
-from bucketpool._handle import CompletionEvent, DescriptorBuffers
+from bucketpool import _fill, _inputs
+from bucketpool._buckets import as_index
+from bucketpool._errors import ReleaseError
+from bucketpool._types import (
+    ENTRY_BYTES,
+    FIELDS,
+    CompletionEvent,
+    DescriptorArrays,
+    DescriptorBuffers,
+    IntegerInput,
+)
 
-__all__ = ["ENTRY_BYTES", "FIELDS", "Bucket", "Buffer"]
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-ENTRY_BYTES = 8
-FIELDS = 3
+__all__ = ["VIEW_SETS", "Bucket", "Buffer", "Views"]
+
+#: View sets cached per buffer, one per recent n.  Chosen by measurement (see the
+#: benchmark's log-uniform traces and the README's memory notes).
+VIEW_SETS = 16
+
+_empty = torch.empty  # bound at import: a test that patches torch.empty does not reach us
+
+
+class Views(DescriptorBuffers):
+    """A view set a pool hands out: `DescriptorBuffers` that know their buffer.
+
+    ``_buffer`` lets the views fill themselves (`DescriptorBuffers.add_copies`); the buffer
+    checks that they are its live hand-out's views before it writes.
+    """
+
+    _buffer: Buffer
+
+
+Views.__name__ = Views.__qualname__ = "DescriptorBuffers"  # reprs say the public name
 
 
 class Bucket:
-    """The buffers of one capacity, with their counters."""
+    """The buffers of one capacity (guarded by the lock); its counters are the ledger's."""
 
-    __slots__ = ("allocated", "capacity", "free", "last_tick", "misses", "nbytes", "takes")
+    __slots__ = ("capacity", "free", "inbox", "index", "last_tick", "nbytes")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, index: int, capacity: int) -> None:
+        self.index = index  # log2 of the capacity: its place in the ledger's counters
         self.capacity = capacity
         self.nbytes = capacity * ENTRY_BYTES * FIELDS
-        # A deque: a list that empties and refills reallocates its array.
-        self.free: collections.deque[Buffer] = collections.deque()
-        self.takes = 0  # acquires served; those that allocated are also misses
-        self.misses = 0
-        self.allocated = 0
-        self.last_tick = 0
+        #: Cached buffers, the least recently released first.
+        self.free: list[Buffer] = []
+        #: Buffers of this bucket coming back, oldest first: `bucketpool._ledger`'s
+        #: "returning" place.  Appended to without the lock; taken from under it.
+        self.inbox: collections.deque[tuple[Buffer, int, object]] = collections.deque()
+        self.last_tick = 0  # the tick of its last hand-out (or reservation)
 
 
 class Buffer:
-    """One buffer: three full-capacity fields, and one set of views resized to each ``n``."""
+    """One buffer: its memory, its cached views, and the records of its hand-out."""
 
     __slots__ = (
+        "address",
         "arrays",
-        "arrays_n",
+        "base",
         "bucket",
         "checksum",
+        "code",
+        "current",
         "events",
         "guard",
-        "handed_arrays",
-        "kept",
+        "handed",
+        "lasti",
         "n",
-        "parked",
+        "next_holder",
+        "next_id",
         "poisoned",
+        "pool_ref",
         "released_at",
         "site",
-        "tensors",
+        "span",
+        "storage",
         "token",
-        "view_arrays",
-        "view_n",
+        "version",
         "views",
+        "whole",
     )
 
-    bucket: Bucket
-    tensors: tuple[torch.Tensor, ...]
-    arrays: _fill.DescriptorArrays
-    token: int
-    n: int
-    kept: object
-
-    def __init__(self, bucket: Bucket, tensors: tuple[torch.Tensor, ...], guard: bool) -> None:
+    def __init__(self, bucket: Bucket, dtype: torch.dtype, pin_memory: bool, guard: bool) -> None:
         self.bucket = bucket
-        # At debug level strict every hand-out gets views of its own (`_debug.GuardedView`)
-        # instead of the shared ones, and view_n never matches so handles always ask.
+        capacity = bucket.capacity
+        self.base = _empty(FIELDS * capacity, dtype=dtype, pin_memory=pin_memory)
+        self.storage = self.base.untyped_storage()
+        self.address = self.base.data_ptr()
+        #: The pool's own numpy arrays of the whole fields: fills write through these, and
+        #: they are never handed out, so no holder can change them.
+        self.arrays = _field_arrays(self.base, capacity)
+        self.views: dict[int, Views] = {}
+        # At debug level strict every hand-out gets guarded views of its own: an impossible
+        # version sends every hand-out past the cache.
         self.guard = guard
-        self.handed_arrays: list[npt.NDArray[np.integer]] = []
-        self.tensors = tensors  # full capacity, never resized
-        self.arrays = (
-            tensors[0].numpy(),
-            tensors[1].numpy(),
-            tensors[2].numpy(),
-        )
-        # One view per field for the buffer's life, resized in place to each n: cheaper
-        # than cutting three new views per hand-out.  Views of the tensors (not from_numpy)
-        # keep a pinned buffer recognisable to PyTorch's host allocator.
-        self.views = DescriptorBuffers(tensors[0][:], tensors[1][:], tensors[2][:])
-        self.view_n = -1 if guard else bucket.capacity
-        self.view_arrays = self.arrays
-        self.arrays_n = bucket.capacity
-        # The hand-out that holds it; 0 when free, parked or freed; minus the hand-out's
-        # token while its release waits in the pool's inbox.
+        self.version = -1 if guard else self.base._version
+        #: The hand-out that holds it: its token (> 0); 0 when cached or freed; minus the
+        #: token of the hand-out it waits for while parked.
         self.token = 0
-        self.n = 0  # the n of the latest hand-out
-        self.events: list[CompletionEvent] | None = None
-        self.parked = False
-        self.poisoned = 0  # entries holding the poison pattern, at the debug levels
-        self.site: _debug.Site = None  # where the latest hand-out was acquired (tracing)
-        self.released_at: _debug.Site = None
-        self.checksum: int | None = None  # of the first n entries, at the debug levels
-        self.kept = None  # what a compat adapter keeps with the idle buffer
+        self.n = 0  # the live hand-out's n (a shrink lowers it)
+        self.span = 0  # debug levels: the hand-out's n as acquired (checksums, poison)
+        self.events: collections.deque[CompletionEvent] | list[CompletionEvent] | None = None
+        self.current: Views | None = None
+        self.code: object = None  # the acquire's code object and instruction (leak warnings)
+        self.lasti = 0
+        self.site: object = None  # where the hand-out was acquired and released (tracing)
+        self.released_at: object = None
+        self.checksum: int | None = None  # debug levels: of the first n entries
+        self.poisoned = 0  # debug levels: entries holding the poison
+        self.handed: list[npt.NDArray[np.integer]] = []  # strict: arrays to make read-only
+        self.whole: tuple[object, ...] | None = None  # compat: the whole fields' views
+        self.next_holder: object = None  # compat: the tuple its next compat hand-out gets
+        self.next_id = 0  # ... and its id()
+        self.pool_ref: Callable[[], object] | None = None  # compat: a weakref to the pool
 
-    def narrow(self, n: int) -> DescriptorBuffers:
-        """Resize the shared views to *n* entries (within the capacity: nothing moves)."""
+    # -- views ------------------------------------------------------------------------------
+
+    def views_for(self, n: int) -> Views:
+        """Return the view set of *n* entries for the holder (who alone calls this).
+
+        Checks the cached sets first if anything changed a view since the last look.
+        """
+        if self.base._version != self.version:
+            if self.guard:  # one guarded set per hand-out
+                return self.current if self.current is not None else self._guarded(n)
+            self._repair()
         views = self.views
-        self.view_n = -1  # until all three are resized (an exception may come in between)
-        views[0].resize_(n)
-        views[1].resize_(n)
-        views[2].resize_(n)
-        self.view_n = n
+        found = views.get(n)
+        if found is not None:
+            return found
+        if len(views) < VIEW_SETS:
+            found = self.cut(n)
+        else:
+            # Reuse the oldest set: three in-place resizes cost less than three new views.
+            found = views.pop(next(iter(views)))
+            for view in found:
+                view.resize_(n)
+            self.version = self.base._version  # our own change
+        views[n] = found
+        return found
+
+    def cut(self, n: int) -> Views:
+        """A new view set of *n* entries (not cached)."""
+        base = self.base
+        capacity = self.bucket.capacity
+        views = tuple.__new__(
+            Views, (base[:n], base[capacity : capacity + n], base[2 * capacity : 2 * capacity + n])
+        )
+        views._buffer = self
         return views
 
-    def narrow_arrays(self, n: int) -> _fill.DescriptorArrays:
-        """Return (and cache) numpy arrays of the first *n* entries."""
-        if self.guard:
-            # Arrays of this hand-out's own, made read-only when it ends (`end_hand_out`);
-            # the same three for every call of one hand-out with one n.
-            handed = self.handed_arrays
-            if len(handed) >= 3 and len(handed[-1]) == n:
-                return (handed[-3], handed[-2], handed[-1])
-            src, dst, sizes = self.arrays
-            fresh = (src[:n], dst[:n], sizes[:n])
-            handed.extend(fresh)
-            return fresh
-        if self.arrays_n != n:
-            src, dst, sizes = self.arrays
-            self.view_arrays = (src[:n], dst[:n], sizes[:n])
-            self.arrays_n = n
-        return self.view_arrays
+    def _guarded(self, n: int) -> Views:
+        from bucketpool import _guard  # strict only: torch's subclass machinery, loaded late
 
-    def end_hand_out(self) -> None:
-        """(strict) Make the numpy arrays handed out read-only: stale writes then raise."""
-        for array in self.handed_arrays:
-            array.flags.writeable = False
-        self.handed_arrays.clear()
+        views = tuple.__new__(Views, _guard.guarded_views(self, self.token, n))
+        views._buffer = self
+        return views
+
+    def _repair(self) -> None:
+        """Put the buffer's memory and views back as the pool made them; keep what is intact.
+
+        A holder may have re-pointed, resized or re-strided a view, or, through a view's
+        ``_base``, the buffer's own tensor; growing a view past the buffer resizes the
+        storage, which moves the memory.
+        """
+        base = self.base
+        capacity = self.bucket.capacity
+        size = FIELDS * capacity
+        if (
+            base.untyped_storage().data_ptr() != self.storage.data_ptr()
+            or base.shape != (size,)
+            or base.stride() != (1,)
+            or base.storage_offset()
+        ):
+            base.set_(self.storage, 0, (size,), (1,))
+        if self.storage.nbytes() != size * ENTRY_BYTES:
+            self.storage.resize_(size * ENTRY_BYTES)  # grown through a view: give it back
+        if base.data_ptr() != self.address:
+            # The memory moved: the arrays point at the old memory, and every view too.
+            self.address = base.data_ptr()
+            self.arrays = _field_arrays(base, capacity)
+            self.views.clear()
+        self.whole = None
+        for n, views in list(self.views.items()):
+            if not all(self._intact(view, field, n) for field, view in enumerate(views)):
+                del self.views[n]
+        self.version = base._version
+
+    def _intact(self, view: torch.Tensor, field: int, n: int) -> bool:
+        """Whether *view* is still field *field*'s first *n* entries, contiguous and 1-D."""
+        offset = field * self.bucket.capacity
+        return (
+            view.dim() == 1
+            and view.shape[0] == n
+            and view.stride() == (1,)
+            and view.storage_offset() == offset
+            and view.untyped_storage().data_ptr() == self.address
+        )
+
+    def narrow(self, views: DescriptorBuffers, count: int) -> None:
+        """Resize *views* (this hand-out's) to *count* entries in place, and re-key them."""
+        in_step = self.base._version == self.version
+        for view in views:
+            view.resize_(count)
+        if not self.guard:
+            if in_step:
+                self.version = self.base._version  # our own change, not a holder's
+            if self.views.get(self.n) is views:
+                del self.views[self.n]
+            self.views[count] = typing.cast("Views", views)
+        self.n = count
+
+    def field_arrays(self, n: int) -> DescriptorArrays:
+        """Numpy arrays of the first *n* entries of each field, made for one caller."""
+        src, dst, sizes = self.arrays
+        return (src[:n], dst[:n], sizes[:n])
+
+    # -- fills through the views (`DescriptorBuffers.add_copies` and friends) ---------------
+
+    def fill_copies(
+        self,
+        views: DescriptorBuffers,
+        first: SupportsIndex,
+        sources: IntegerInput,
+        destinations: IntegerInput,
+        byte_counts: IntegerInput | SupportsIndex,
+    ) -> int:
+        """`DescriptorBuffers.add_copies`: read every input, check the hand-out, write."""
+        src, dst, sizes = self.arrays
+        plan = _inputs.read_copies(
+            first, sources, destinations, byte_counts, src.dtype, dst.dtype, sizes.dtype
+        )
+        self.check_live(views, "add_copies")
+        return _fill.write_copies(self.arrays, self.n, plan)
+
+    def fill_block_copies(
+        self,
+        views: DescriptorBuffers,
+        first: SupportsIndex,
+        src_base: SupportsIndex,
+        dst_base: SupportsIndex,
+        src_blocks: IntegerInput,
+        dst_blocks: IntegerInput,
+        block_bytes: SupportsIndex,
+        total_bytes: SupportsIndex | None,
+        coalesce: bool,
+    ) -> int:
+        """`DescriptorBuffers.add_block_copies`: read every input, check, write."""
+        src, dst, _ = self.arrays
+        plan = _inputs.read_block_copies(
+            first,
+            src_base,
+            dst_base,
+            src_blocks,
+            dst_blocks,
+            block_bytes,
+            total_bytes=total_bytes,
+            coalesce=coalesce,
+            src_dtype=src.dtype,
+            dst_dtype=dst.dtype,
+        )
+        self.check_live(views, "add_block_copies")
+        return _fill.write_block_copies(self.arrays, self.n, plan)
+
+    def shrink_views(self, views: DescriptorBuffers, count: SupportsIndex) -> DescriptorBuffers:
+        """`DescriptorBuffers.shrink`: check the count and the hand-out, then resize."""
+        k = as_index(count, "shrink: count", hint="pass the index add_copies() returned")
+        self.check_live(views, "shrink")
+        if not 0 <= k <= self.n:
+            raise ValueError(
+                f"shrink: count={k} is outside 0..n={self.n}; views can only shrink (acquire "
+                "a larger handle to write more entries)"
+            )
+        self.narrow(views, k)
+        return views
+
+    def check_live(self, views: DescriptorBuffers, operation: str) -> None:
+        """Refuse *operation* unless *views* are those of this buffer's live hand-out."""
+        if self.token <= 0 or self.current is not views:
+            raise ReleaseError(
+                f"{operation}: these views (n={len(views[0])}, capacity "
+                f"{self.bucket.capacity}) belong to a hand-out that is over; use the views "
+                "of a live handle (with pool.acquire(n) as bufs: ...)"
+            )
+
+    def scrap(self) -> None:
+        """(freed, outside the lock) Drop what refers back to the buffer, so it goes at once."""
+        self.views = {}
+        self.current = None
+        self.whole = None
+        self.next_holder = None
+
+
+def _field_arrays(base: torch.Tensor, capacity: int) -> DescriptorArrays:
+    whole = base.numpy()
+    return (whole[:capacity], whole[capacity : 2 * capacity], whole[2 * capacity :])

@@ -1,9 +1,9 @@
-"""The caller's side of a hand-out: `BufferHandle`, the views it yields, the events it records.
+"""The caller's side of a hand-out: `BufferHandle`, its views, fills and events.
 
-A handle owns nothing by itself.  It names one hand-out of one buffer (the buffer and the
-token the pool gave that hand-out) and asks the pool, which checks the token under its lock,
-for everything that changes ownership.  A copy of a handle is refused; a handle forged some
-other way names a token that the pool has already retired, so it can release nothing.
+A handle owns nothing by itself.  It names one hand-out of one buffer: the buffer, and the
+token the ledger gave that hand-out.  Every call first checks that the token is still the
+buffer's, so a stale or forged handle can do nothing; releasing sets the handle's token to
+0, so a second release is refused at once.  A copy of a handle is refused.
 """
 
 from __future__ import annotations
@@ -12,45 +12,20 @@ import contextlib
 import sys
 import typing
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple, NoReturn, Protocol, SupportsIndex
+from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 
-import torch
-
-from bucketpool import _fill
+from bucketpool import _fill, _inputs, _verify
 from bucketpool._buckets import as_index
-from bucketpool._debug import format_site, guarded_views
 from bucketpool._errors import ReleaseError
+from bucketpool._ledger import LEAK
+from bucketpool._lock import inside
+from bucketpool._types import CompletionEvent, DescriptorArrays, DescriptorBuffers, IntegerInput
 
 if TYPE_CHECKING:
     from bucketpool._buffer import Buffer
     from bucketpool._pool import BucketPool
 
-__all__ = ["BufferHandle", "CompletionEvent", "DescriptorBuffers"]
-
-
-class DescriptorBuffers(NamedTuple):
-    """The three descriptor tensors one `swap_blocks_batch` call takes.
-
-    Each is a 1-D contiguous CPU tensor of the pool's dtype and exactly ``n`` entries, a
-    zero-copy view at offset 0 of one of the pool's buffers.  Unpack it as
-    ``src, dst, sizes = bufs`` or use the fields.
-    """
-
-    src_ptrs: torch.Tensor
-    dst_ptrs: torch.Tensor
-    sizes: torch.Tensor
-
-
-class CompletionEvent(Protocol):
-    """What `BufferHandle.record_event` accepts: `torch.Event`, `torch.cuda.Event`, ...
-
-    Only ``query()`` is required; ``synchronize()``, where present, lets
-    `BucketPool.synchronize` block instead of polling.
-    """
-
-    def query(self) -> bool:
-        """Return whether the work recorded before the event has finished."""
-        ...
+__all__ = ["BufferHandle"]
 
 
 @typing.final
@@ -67,11 +42,11 @@ class BufferHandle:
     """
 
     # A plain __slots__ class: handles are made on the hot path without calling __init__.
-    __slots__ = ("_buffer", "_guarded", "_n", "_pool", "_token")
+    __slots__ = ("_buffer", "_n", "_pool", "_token")
 
     _pool: BucketPool
     _buffer: Buffer
-    _token: int
+    _token: int  # the hand-out's token; 0 once this handle released it
     _n: int
 
     def __init__(self) -> None:
@@ -83,17 +58,18 @@ class BufferHandle:
             buffer, token, pool = self._buffer, self._token, self._pool
         except AttributeError:  # never handed out
             return
-        if buffer.token == token:  # tokens never come back: a mismatch is final
-            # Queued first, in one step: from here on the pool takes the buffer back.
-            pool._inbox.append((buffer, token, True))
-            pool._drain_from_finaliser()
+        if token > 0 and buffer.token == token:  # dropped while it held the buffer
+            buffer.bucket.inbox.append((buffer, token, LEAK))  # from here on the pool has it
+            if not inside():  # never wait for the lock from inside it
+                pool._drain()
 
-    # -- what the holder sees -------------------------------------------------------------
+    # -- what the holder sees ------------------------------------------------------------
 
     @property
     def n(self) -> int:
         """The number of entries the views have."""
-        return self._n
+        buffer = self._buffer
+        return buffer.n if buffer.token == self._token else self._n
 
     @property
     def capacity(self) -> int:
@@ -103,48 +79,51 @@ class BufferHandle:
     @property
     def released(self) -> bool:
         """Whether this hand-out is over (the buffer may still be parked on its events)."""
-        return self._buffer.token != self._token
+        return self._token <= 0 or self._buffer.token != self._token
 
     @property
     def acquired_at(self) -> str | None:
         """Where the handle was acquired, when the pool traces (``trace`` or a debug level)."""
-        where = self._buffer.site if self._buffer.token == self._token else None
-        return None if where is None else format_site(where)
+        return self._pool._acquired_at(self._buffer, self._token)
 
     @property
     def buffers(self) -> DescriptorBuffers:
-        """The three length-``n`` views.
+        """The three length-``n`` views (the ones the ``with`` statement binds).
 
         Raises:
             ReleaseError: the handle has been released.
         """
-        buffer = self._buffer
-        if buffer.token != self._token:
-            self._refuse("buffers")
-        if buffer.view_n != self._n:
-            return self._views()
-        return buffer.views
+        buffer = self._live("buffers")
+        views = buffer.current
+        if views is None or buffer.base._version != buffer.version:
+            views = buffer.current = buffer.views_for(buffer.n)
+        return views
 
     @property
-    def arrays(self) -> _fill.DescriptorArrays:
+    def arrays(self) -> DescriptorArrays:
         """The three fields as length-``n`` numpy arrays sharing memory with the views.
 
         Raises:
             ReleaseError: the handle has been released.
         """
-        buffer = self._buffer
-        if buffer.token != self._token:
-            self._refuse("arrays")
-        return buffer.narrow_arrays(self._n)
+        return self._pool._arrays(self._live("arrays"))
 
     def __enter__(self) -> DescriptorBuffers:
         """Return the views; the ``with`` block releases the handle when it ends."""
         buffer = self._buffer
-        if buffer.token != self._token:
+        token = self._token
+        if token <= 0 or buffer.token != token:
             self._refuse("with")
-        if buffer.view_n != self._n:
-            return self._views()
-        return buffer.views
+        if buffer.base._version == buffer.version:
+            try:
+                views = buffer.views[buffer.n]
+            except KeyError:
+                pass
+            else:
+                buffer.current = views
+                return views
+        views = buffer.current = buffer.views_for(buffer.n)
+        return views
 
     def __exit__(
         self,
@@ -154,22 +133,46 @@ class BufferHandle:
     ) -> None:
         """Release the handle, also when the block raised (the exception propagates).
 
+        The handle's one release path: its events are asked (``query()``, user code), then
+        the buffer is queued in its bucket's inbox, which ends the hand-out
+        (``released`` is True) and is never a wait; the next operation takes it back (at
+        the debug levels, this call does).  A block's exception keeps precedence: what
+        went wrong in the release is noted on it.
+
         Raises:
             ReleaseError: the block released the handle itself and did not raise.
+            BaseException: what an event's ``query()`` raised, after the release took effect.
         """
-        if exc is None:
-            if not self._pool._release(self._buffer, self._token):
+        buffer = self._buffer
+        token = self._token
+        if token <= 0 or buffer.token != token:
+            if exc is None:
                 raise ReleaseError(self._released_message("end of with block"))
-            return
-        # The block is raising: release all the same, and keep its exception, noting on it
-        # anything else that went wrong.
-        try:
-            released = self._pool._release(self._buffer, self._token)
-        except Exception as error:
-            _add_note(exc, f"bucketpool: releasing at the end of the with block: {error!r}")
-            return
-        if not released:
             _add_note(exc, f"bucketpool: {self._released_message('end of with block')}")
+            return
+        pool = self._pool
+        events = buffer.events
+        pending = None
+        error: BaseException | None = None
+        if events:
+            try:
+                pending = [event for event in events if not event.query()] or None
+            except BaseException as caught:  # user code: the buffer stays parked; theirs
+                pending, error = list(events), caught
+        watching = pool._watching
+        if watching:
+            buffer.released_at = _verify.site(pool._full_stack)
+        # From here to the append nothing can be interrupted: no call runs in between.
+        buffer.events = None
+        buffer.current = None
+        self._token = 0
+        buffer.bucket.inbox.append((buffer, token, pending))
+        if watching and pool._level:
+            pool._drain()  # at once: stale views fail, and the poison is in place
+        if error is not None:
+            if exc is None or not isinstance(error, Exception):
+                raise error
+            _add_note(exc, f"bucketpool: releasing at the end of the with block: {error!r}")
 
     def release(self) -> None:
         """Give the buffer back to the pool.
@@ -179,13 +182,14 @@ class BufferHandle:
 
         Raises:
             ReleaseError: the handle was already released; nothing changes.
-            InFlightWriteError: (debug levels) the descriptors changed while a recorded
-                copy could read them; the release took effect.
-            Exception: whatever an event's ``query()`` raised; the release took effect and
-                the buffer stays parked until the event reports done.
+            BaseException: whatever an event's ``query()`` raised; the release took effect
+                and the buffer stays parked until the event reports done.
         """
-        if not self._pool._release(self._buffer, self._token):
-            raise ReleaseError(self._released_message("release"))
+        buffer = self._buffer
+        token = self._token
+        if token <= 0 or buffer.token != token:
+            self._refuse("release")
+        self.__exit__(None, None, None)
 
     def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
         """Shrink the views, in place, to their first *count* entries, and return them.
@@ -195,8 +199,8 @@ class BufferHandle:
         written by shrinking to the count that `add_copies` or `add_block_copies` returned::
 
             with pool.acquire(n) as bufs:
-                written = handle.add_copies(0, sources, destinations, sizes)
-                swap_blocks_batch(*handle.shrink(written))
+                written = bufs.add_copies(0, sources, destinations, sizes)
+                swap_blocks_batch(*bufs.shrink(written))
 
         The views bound by the ``with`` statement are the ones resized; `n` becomes
         *count*.  No tensor is created.
@@ -206,27 +210,25 @@ class BufferHandle:
             TypeError: *count* is not an integer.
             ValueError: *count* is negative or above `n`.
         """
-        if self._buffer.token != self._token:
-            self._refuse("shrink")
         k = as_index(count, "shrink: count", hint="pass the index add_copies() returned")
-        if not 0 <= k <= self._n:
+        self._live("shrink")
+        views = self.buffers
+        buffer = self._buffer
+        if not 0 <= k <= buffer.n:
             raise ValueError(
-                f"shrink: count={k} is outside 0..n={self._n}; views can only shrink (acquire "
+                f"shrink: count={k} is outside 0..n={buffer.n}; views can only shrink (acquire "
                 "a larger handle to write more entries)"
             )
+        buffer.narrow(views, k)
         self._n = k
-        if self._buffer.guard:
-            views = self._views()
-            for view in views:
-                view.resize_(k)
-            return views
-        return self._buffer.narrow(k)
+        return views
 
     def record_event(self, event: CompletionEvent) -> None:
         """Keep the buffer out of reuse until *event* reports done.
 
         Record the event after the `swap_blocks_batch` call (or upload) that reads the
-        descriptors.  Several events may be recorded; all must complete.
+        descriptors.  Several events may be recorded; all must complete.  Events found done
+        while the handle is held are dropped.
 
         Raises:
             ReleaseError: the handle has been released.
@@ -239,23 +241,22 @@ class BufferHandle:
                 "record_event needs an object with a query() -> bool method "
                 f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
             )
-        if self._buffer.token != self._token:
-            self._refuse("record_event")
-        self._pool._record(self._buffer, event)
+        self._pool._record(self._live("record_event"), event)
 
     def add_copies(
         self,
-        first: int,
-        sources: _fill.IntegerInput,
-        destinations: _fill.IntegerInput,
-        byte_counts: _fill.IntegerInput | int,
+        first: SupportsIndex,
+        sources: IntegerInput,
+        destinations: IntegerInput,
+        byte_counts: IntegerInput | SupportsIndex,
     ) -> int:
         """Write copies into entries ``[first, first + k)`` and return ``first + k``.
 
         *sources* and *destinations* are numpy integer arrays, CPU integer tensors or
-        sequences of ints of one length ``k``; *byte_counts* is the same or one int for every
-        copy.  Addresses up to 2**64 - 1 are stored exactly (as their bit pattern in an int64
-        pool).  A failed call writes nothing.
+        sequences of ints of one length ``k``; *byte_counts* is the same or one integer for
+        every copy.  Addresses up to 2**64 - 1 are stored exactly (as their bit pattern in
+        an int64 pool).  Every input is read before the hand-out is checked and the first
+        entry is written, so a call that raises writes nothing.
 
         Raises:
             ReleaseError: the handle has been released.
@@ -263,21 +264,29 @@ class BufferHandle:
             ValueError: lengths differ, or a byte count is negative.
             TypeError: an input is not integer.
         """
-        if self._buffer.token != self._token:
-            self._refuse("add_copies")
-        arrays = self._buffer.narrow_arrays(self._n)
-        return _fill.add_copies(arrays, first, sources, destinations, byte_counts)
+        arrays = self._buffer.arrays
+        plan = _inputs.read_copies(
+            first,
+            sources,
+            destinations,
+            byte_counts,
+            arrays[0].dtype,
+            arrays[1].dtype,
+            arrays[2].dtype,
+        )
+        buffer = self._live("add_copies")
+        return _fill.write_copies(buffer.arrays, buffer.n, plan)
 
     def add_block_copies(
         self,
-        first: int,
-        src_base: int,
-        dst_base: int,
-        src_blocks: _fill.IntegerInput,
-        dst_blocks: _fill.IntegerInput,
-        block_bytes: int,
+        first: SupportsIndex,
+        src_base: SupportsIndex,
+        dst_base: SupportsIndex,
+        src_blocks: IntegerInput,
+        dst_blocks: IntegerInput,
+        block_bytes: SupportsIndex,
         *,
-        total_bytes: int | None = None,
+        total_bytes: SupportsIndex | None = None,
         coalesce: bool = True,
     ) -> int:
         """Write copies of whole blocks between two block-structured regions.
@@ -285,7 +294,8 @@ class BufferHandle:
         Copy ``i`` moves *block_bytes* from ``src_base + src_blocks[i] * block_bytes`` to
         ``dst_base + dst_blocks[i] * block_bytes``.  With *coalesce*, runs where both block
         indices are consecutive become one descriptor.  *total_bytes* trims the last copy so
-        that exactly that many bytes move.  Returns the next free entry.
+        that exactly that many bytes move.  Returns the next free entry.  Every input is
+        read before the hand-out is checked and the first entry is written.
 
         Raises:
             ReleaseError: the handle has been released.
@@ -293,10 +303,8 @@ class BufferHandle:
             ValueError: bad lengths, block indices, block size or *total_bytes*.
             TypeError: an input is not integer.
         """
-        if self._buffer.token != self._token:
-            self._refuse("add_block_copies")
-        return _fill.add_block_copies(
-            self._buffer.narrow_arrays(self._n),
+        arrays = self._buffer.arrays
+        plan = _inputs.read_block_copies(
             first,
             src_base,
             dst_base,
@@ -305,18 +313,11 @@ class BufferHandle:
             block_bytes,
             total_bytes=total_bytes,
             coalesce=coalesce,
+            src_dtype=arrays[0].dtype,
+            dst_dtype=arrays[1].dtype,
         )
-
-    def _views(self) -> DescriptorBuffers:
-        """The views of this hand-out when the shared ones do not fit: resize, or guard."""
-        buffer = self._buffer
-        if not buffer.guard:
-            return buffer.narrow(self._n)
-        views: DescriptorBuffers | None = getattr(self, "_guarded", None)
-        if views is None:
-            views = DescriptorBuffers(*guarded_views(buffer, self._token, self._n))
-            self._guarded = views
-        return views
+        buffer = self._live("add_block_copies")
+        return _fill.write_block_copies(buffer.arrays, buffer.n, plan)
 
     # -- no second holder -----------------------------------------------------------------
 
@@ -326,7 +327,7 @@ class BufferHandle:
     def __deepcopy__(self, memo: object) -> NoReturn:
         raise TypeError(_NO_COPY)
 
-    def __reduce_ex__(self, protocol: typing.SupportsIndex) -> NoReturn:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         raise TypeError(_NO_COPY)
 
     def __repr__(self) -> str:
@@ -335,7 +336,14 @@ class BufferHandle:
         state = "released" if self.released else "live"
         where = self.acquired_at
         at = "" if where is None else f" acquired at {where}"
-        return f"<BufferHandle n={self._n} capacity={self.capacity} {state}{at}>"
+        return f"<BufferHandle n={self.n} capacity={self.capacity} {state}{at}>"
+
+    def _live(self, operation: str) -> Buffer:
+        buffer = self._buffer
+        token = self._token
+        if token <= 0 or buffer.token != token:
+            self._refuse(operation)
+        return buffer
 
     def _refuse(self, operation: str) -> NoReturn:
         raise ReleaseError(self._released_message(operation))

@@ -1,76 +1,38 @@
-"""Parked buffers: released while a recorded copy may still read them.
+"""The parking passes: asking parked buffers' events, and moving the done ones on.
 
-A parked buffer waits in one FIFO, in release order: copies on one stream complete in
-order, so the head is the first to finish and polling can stop at the first buffer that is
-not done.  That bounds what an acquire spends on parked buffers, however many there are.
-`collect` and `synchronize` look at every parked buffer instead, since copies on different
-streams finish in any order.
+Parked buffers wait in one queue in the order they parked.  A poll asks the front first
+(copies on one stream complete in release order, so the oldest is the likeliest to be
+done), then goes on from a cursor that moves past every buffer not yet done, wrapping
+around: events may complete in any order, and a buffer whose event never completes (a
+stuck copy, a stream that runs behind the others) costs its own memory and a question now
+and then, and never holds up the buffers behind it.  Each poll asks a bounded number of
+buffers, so what an acquire spends on parked buffers does not grow with how many there are;
+`collect` and `synchronize` ask each parked buffer once.
 
-This module keeps the FIFO; the pool keeps the lock and moves buffers in and out of it.
-Methods marked "(lock held)" run under the pool's lock and call no user code; `all_done` and
-`wait` call ``query()`` and ``synchronize()``, and are only called without it.
+Events are asked without the lock (``query()`` is user code); what a pass finds is applied
+by the ledger's `Ledger.step_parked` move, which first checks that the buffer is still where
+the pass saw it.  ``query()`` may raise anything: a poll for an unrelated acquire keeps the
+buffer parked and says nothing (the error is not that caller's); `collect` and
+`synchronize`, which ask about every parked buffer, raise the first error once they are
+done.  A `KeyboardInterrupt` is taken to be a signal's, and is raised at once in the thread
+it interrupted, the buffer still parked.
 """
 
 from __future__ import annotations
 
-import collections
 import time
 import typing
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
-if TYPE_CHECKING:
-    from bucketpool._buffer import Buffer
-    from bucketpool._handle import CompletionEvent
+from bucketpool._ledger import Ledger
+from bucketpool._types import CompletionEvent
 
-__all__ = ["Entry", "ParkingLot", "all_done", "wait"]
+__all__ = ["POLL_BUDGET", "all_done", "poll", "sweep", "wait"]
 
+#: Parked buffers an acquire asks before it allocates: enough to retire the buffers of the
+#: steps that finished since the last look, and a bound on the cost whatever is parked.
+POLL_BUDGET = 4
 _POLL_SECONDS = 0.0005
-
-#: One parking: the buffer and the events it waits for.  The events list is the parking's
-#: identity: a buffer parked again later waits on another list.
-Entry = tuple["Buffer", list["CompletionEvent"]]
-
-
-@typing.final
-class ParkingLot:
-    """The parked buffers of one pool, oldest first."""
-
-    __slots__ = ("count", "queue")
-
-    def __init__(self) -> None:
-        #: Parkings in release order; the pool's moves append and end them (an ended one,
-        #: whose buffer is no longer parked on that events list, stays until `prune`).
-        self.queue: collections.deque[Entry] = collections.deque()
-        self.count = 0  # parkings in effect
-
-    def prune(self) -> None:
-        """(lock held) Drop ended parkings from the head of the queue."""
-        queue = self.queue
-        while queue and not _live(queue[0]):
-            queue.popleft()
-
-    def compact(self) -> None:
-        """(lock held) Drop every ended parking from the queue (after `collect`)."""
-        self.queue = collections.deque(entry for entry in self.queue if _live(entry))
-
-    def heads(self, limit: int) -> list[Entry]:
-        """(lock held) The oldest *limit* parkings still in effect."""
-        heads: list[Entry] = []
-        for entry in self.queue:
-            if len(heads) == limit:
-                break
-            if _live(entry):
-                heads.append(entry)
-        return heads
-
-    def __iter__(self) -> Iterator[Entry]:
-        """(lock held) Every parking still in effect, oldest first."""
-        return (entry for entry in list(self.queue) if _live(entry))
-
-
-def _live(entry: Entry) -> bool:
-    return entry[0].parked and entry[0].events is entry[1]
 
 
 def all_done(events: Sequence[CompletionEvent]) -> bool:
@@ -78,7 +40,7 @@ def all_done(events: Sequence[CompletionEvent]) -> bool:
     return all(event.query() for event in events)
 
 
-def wait(events: Sequence[CompletionEvent]) -> None:
+def wait(events: Sequence[CompletionEvent]) -> bool:
     """Block until every event is done: ``synchronize()`` where it exists, else polling."""
     for event in events:
         synchronize = getattr(event, "synchronize", None)
@@ -86,3 +48,83 @@ def wait(events: Sequence[CompletionEvent]) -> None:
             synchronize()
         while not event.query():
             time.sleep(_POLL_SECONDS)
+    return True
+
+
+def poll(ledger: Ledger, budget: int = POLL_BUDGET) -> int:
+    """Ask up to *budget* parked buffers; move the done ones on; return how many retired.
+
+    The front first, then from the cursor on.  Errors from ``query()`` are swallowed.
+    """
+    queue = ledger.parked_queue
+    retired = 0
+    index = 0
+    for _ in range(budget):
+        moved, done, _ = _ask(ledger, queue, index, all_done)
+        if moved is None:
+            if index == 0:
+                break
+            index = 0  # past the end: wrap around
+            continue
+        if moved and done:
+            retired += 1  # the next buffer slid into this place
+        else:
+            index = max(ledger.cursor, 1) if index == 0 else index + 1
+    ledger.cursor = index  # a hint for the next poll: where it left off
+    return retired
+
+
+def sweep(
+    ledger: Ledger, finished: Callable[[Sequence[CompletionEvent]], bool]
+) -> tuple[int, BaseException | None]:
+    """Ask *finished* about every parked buffer once, front to back; move the done ones on.
+
+    Returns how many retired (into the inboxes, for the caller to drain) and the first error
+    an event raised (its buffer stays parked).
+    """
+    queue = ledger.parked_queue
+    retired = 0
+    first_error: BaseException | None = None
+    index = 0
+    for _ in range(len(queue)):
+        moved, done, error = _ask(ledger, queue, index, finished)
+        if moved is None:
+            break
+        if error is not None and first_error is None:
+            first_error = error
+        if moved and done:
+            retired += 1
+        else:
+            index += 1
+    return retired, first_error
+
+
+def _ask(
+    ledger: Ledger,
+    queue: typing.Any,
+    index: int,
+    finished: Callable[[Sequence[CompletionEvent]], bool],
+) -> tuple[bool | None, bool, BaseException | None]:
+    """Ask about the buffer at *index*; move it on if done.
+
+    Returns whether it was still there (None past the end), whether done, and the error
+    its events raised.
+    """
+    try:
+        buffer = queue[index]  # read without the lock: `step_parked` checks it again
+    except IndexError:
+        return None, False, None
+    events = buffer.events
+    if not events or buffer.token >= 0:
+        return False, False, None  # moved on by another thread since
+    error = None
+    try:
+        done = finished(events)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as caught:  # user code: the error is the asker's, if anyone's
+        done, error = False, caught
+    try:
+        return ledger.step_parked(buffer, index, done), done, error
+    except IndexError:
+        return False, done, error

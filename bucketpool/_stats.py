@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import collections
 import typing
+from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 
@@ -138,66 +139,68 @@ class OutstandingBuffer:
     acquired_at: str | None
 
 
-def build_stats(
-    buckets: list[tuple[int, int, int, int, int, int]],
-    parked: collections.Counter[int],
-    held: collections.Counter[int],
-    counters: tuple[int, ...],
-) -> PoolStats:
-    """Build the records from raw counters that `BucketPool.stats` read under its lock.
+def build_stats(buckets: Sequence[_Bucket], snapshot: tuple[list[int], ...]) -> PoolStats:
+    """Build the records from `Ledger.snapshot`, deriving what the ledger does not keep.
 
-    *buckets* holds ``(capacity, nbytes, hits, misses, allocated, cached)`` per used
-    bucket; *parked* and *held* count buffers per capacity; *counters* are the pool's
-    totals in the order `BucketPool.stats` reads them.
+    *buckets* are the ledger's buckets, indexed like the snapshot's per-bucket lists.
     """
+    takes, misses, allocated, cached, parked, totals = snapshot
     (
         active,
         active_peak,
         active_bytes,
         active_bytes_peak,
+        allocations,
         allocations_peak,
+        allocated_bytes,
         allocated_bytes_peak,
         allocations_total,
         allocated_bytes_total,
-        freed_total,
-        freed_bytes_total,
-        cached_bytes,
+        parked_bytes,
         requested,
         leaks,
-    ) = counters
-    acquires = sum(b[2] + b[3] for b in buckets)
-    acquired_bytes = sum((b[2] + b[3]) * b[1] for b in buckets)
+        _tick,
+    ) = totals
+    used = [b for b in buckets if takes[b.index] or allocated[b.index]]
+    freed_total = allocations_total - allocations
+    freed_bytes_total = allocated_bytes_total - allocated_bytes
+    acquires = sum(takes)
+    acquired_bytes = sum(takes[b.index] * b.nbytes for b in used)
     return PoolStats(
-        allocations=Stat(
-            allocations_total - freed_total, allocations_peak, allocations_total, freed_total
-        ),
+        allocations=Stat(allocations, allocations_peak, allocations_total, freed_total),
         allocated_bytes=Stat(
-            allocated_bytes_total - freed_bytes_total,
-            allocated_bytes_peak,
-            allocated_bytes_total,
-            freed_bytes_total,
+            allocated_bytes, allocated_bytes_peak, allocated_bytes_total, freed_bytes_total
         ),
         active_requests=Stat(active, active_peak, acquires, acquires - active),
         active_bytes=Stat(
             active_bytes, active_bytes_peak, acquired_bytes, acquired_bytes - active_bytes
         ),
-        cached_bytes=cached_bytes,
-        parked_bytes=sum(parked[b[0]] * b[1] for b in buckets),
-        parked=sum(parked.values()),
-        hits=sum(b[2] for b in buckets),
-        misses=sum(b[3] for b in buckets),
+        cached_bytes=allocated_bytes - active_bytes - parked_bytes,
+        parked_bytes=parked_bytes,
+        parked=sum(parked),
+        hits=acquires - sum(misses),
+        misses=sum(misses),
         leaks=leaks,
         requested_entries=requested,
-        rounded_entries=sum((b[2] + b[3]) * b[0] for b in buckets),
+        rounded_entries=sum(takes[b.index] * b.capacity for b in used),
         buckets=tuple(
             BucketStats(
-                capacity=b[0],
-                hits=b[2],
-                misses=b[3],
-                cached=b[5],
-                active=held[b[0]],
-                parked=parked[b[0]],
+                capacity=b.capacity,
+                hits=takes[b.index] - misses[b.index],
+                misses=misses[b.index],
+                cached=cached[b.index],
+                active=allocated[b.index] - cached[b.index] - parked[b.index],
+                parked=parked[b.index],
             )
-            for b in buckets
+            for b in used
         ),
     )
+
+
+class _Bucket(Protocol):
+    @property
+    def index(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...

@@ -3,15 +3,16 @@
 ``DescriptorBufferPool`` keeps the original three-field API; ``AliasedDescriptorBufferPool``
 keeps the later six-field one (tensors plus numpy aliases and ``add_copies``).  Both are
 backed by a `BucketPool` (made with the defaults, so ``BUCKETPOOL_CONF`` applies) and keep
-the original's semantics: ``acquire(n)`` returns a triple of *capacity* >= ``n`` -- the
-whole power-of-two bucket, so callers keep cutting their ``[:n]`` slices -- and the very
-same object comes back for any ``n`` its capacity holds.  They add what the originals
-lacked: `ReleaseError` on a double or foreign release, bounded memory, reuse deferred until
-an ``event`` reports done, and a `LeakWarning` for a triple dropped without release (its
-buffer comes back).
+the original's contract: ``acquire(n)`` returns a triple of *capacity* >= ``n`` -- the
+whole power-of-two bucket, so callers keep cutting their ``[:n]`` slices.  Each acquire
+returns a new tuple object holding the same tensors (the same memory) as the last tuple of
+that buffer, so that a late release of an earlier tuple is refused instead of ending the
+new holder's hand-out.  They add what the originals lacked: `ReleaseError` on a double,
+stale or foreign release, bounded memory, reuse deferred until an ``event`` reports done,
+and a `LeakWarning` for a triple dropped without release (its buffer comes back).
 
-Each triple refers to its hand-out (a `BufferHandle`); the adapter itself keeps nothing of
-what it handed out, so a dropped triple is freed at once, without the garbage collector.
+The adapter keeps nothing of what it handed out, so a dropped tuple is finalised at once,
+without the garbage collector.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from typing import NamedTuple, SupportsIndex
 
 import torch
 
-from bucketpool import _fill
+from bucketpool import _fill, _verify
 from bucketpool._buffer import Buffer
-from bucketpool._errors import InFlightWriteError, ReleaseError
-from bucketpool._handle import CompletionEvent, DescriptorBuffers
+from bucketpool._errors import ReleaseError
+from bucketpool._ledger import HELD, LEAK
+from bucketpool._lock import inside
 from bucketpool._pool import BucketPool
+from bucketpool._types import CompletionEvent, DescriptorBuffers, IntArray, IntegerInput
 
 __all__ = [
     "AliasedDescriptorBufferPool",
@@ -46,16 +49,16 @@ class AliasedDescriptorBuffers(NamedTuple):
     src_ptrs: torch.Tensor
     dst_ptrs: torch.Tensor
     sizes: torch.Tensor
-    src_np: _fill.IntArray
-    dst_np: _fill.IntArray
-    sizes_np: _fill.IntArray
+    src_np: IntArray
+    dst_np: IntArray
+    sizes_np: IntArray
 
     def add_copies(
         self,
-        first: int,
-        sources: _fill.IntegerInput,
-        destinations: _fill.IntegerInput,
-        byte_counts: _fill.IntegerInput | int,
+        first: SupportsIndex,
+        sources: IntegerInput,
+        destinations: IntegerInput,
+        byte_counts: IntegerInput | SupportsIndex,
     ) -> None:
         """Write ``len(sources)`` copies at ``[first, first + len(sources))``.
 
@@ -73,27 +76,18 @@ class AliasedDescriptorBuffers(NamedTuple):
 
 
 class _Holding:
-    """What a handed-out tuple knows of its hand-out, in its ``__dict__``.
+    """A tuple an adapter hands out: the public class, one object per hand-out.
 
-    ``_buffer``, ``_token`` and ``_pool`` name the hand-out; ``_buffer`` and ``_pool`` are
-    None once it is released, so an idle tuple kept with its buffer makes no reference
-    cycle.  ``_owner`` is the ``id()`` of the pool, for telling a double release from a
-    foreign tuple in messages.
-    Dropping a tuple unreleased reports a leak and takes its buffer back, as for a
-    `BufferHandle`.  ``copy``, ``deepcopy`` and ``pickle`` give the public tuple class
-    (``DescriptorBuffers`` or ``AliasedDescriptorBuffers``) holding the data: a copy is
-    never a second holder.
+    It holds its buffer while `bucketpool._ledger.HELD` has its ``id()``; dropping it then
+    reports a leak and takes the buffer back, as for a `BufferHandle`.  ``copy``,
+    ``deepcopy`` and ``pickle`` give the public tuple class (``DescriptorBuffers`` or
+    ``AliasedDescriptorBuffers``) holding the data: a copy is never a second holder.
     """
 
-    _buffer: Buffer | None
-    _token: int
-    _pool: BucketPool | None
-    _owner: int
+    __slots__ = ()
     _public: typing.ClassVar[type[DescriptorBuffers] | type[AliasedDescriptorBuffers]]
 
     def __copy__(self) -> DescriptorBuffers | AliasedDescriptorBuffers:
-        # A copy is the data, never a second holder: the public tuple of the same tensors,
-        # which `release` refuses as not acquired from the pool.
         return self._public(*self._items())
 
     def __deepcopy__(self, memo: dict[int, object]) -> DescriptorBuffers | AliasedDescriptorBuffers:
@@ -110,21 +104,23 @@ class _Holding:
         return tuple(typing.cast("tuple[typing.Any, ...]", self))
 
     def __del__(self) -> None:
-        buffer = self.__dict__.get("_buffer")
-        pool = self.__dict__.get("_pool")
-        if buffer is not None and pool is not None and buffer.token == self._token:
-            pool._inbox.append((buffer, self._token, True))  # as a BufferHandle's finaliser
-            pool._drain_from_finaliser()
+        record = HELD.pop(id(self), None)
+        if record is None:  # released, or never handed out
+            return
+        buffer, token = record
+        buffer.bucket.inbox.append((buffer, token, LEAK))  # as a BufferHandle's finaliser
+        pool = buffer.pool_ref() if buffer.pool_ref is not None else None
+        if isinstance(pool, BucketPool) and not inside():
+            pool._drain()
 
 
-# The tuples the adapters hand out: the public classes plus a __dict__ (no __slots__ on
-# purpose) holding the hand-out.
+# The tuples the adapters hand out: the public classes, one object per hand-out.
 class _HeldBuffers(DescriptorBuffers, _Holding):
-    pass
+    __slots__ = ()
 
 
 class _HeldAliasedBuffers(AliasedDescriptorBuffers, _Holding):
-    pass
+    __slots__ = ()
 
 
 for _held, _public in (
@@ -142,31 +138,45 @@ class _Adapter(typing.Generic[_Buffers]):
 
     # No __slots__: tests patch methods on instances (mock.patch.object(pool, "acquire")).
     _held: type[_HeldBuffers | _HeldAliasedBuffers]
+    _aliased: typing.ClassVar[bool]
 
     def __init__(self, *, dtype: torch.dtype = torch.int64) -> None:
         self.pool = BucketPool(dtype=dtype)
+        self._ref = self.pool._self_ref
 
     def acquire(self, n: SupportsIndex) -> _Buffers:
-        """Return a triple of capacity >= *n* (its bucket's whole capacity).
-
-        The same object comes back for any *n* that the capacity holds, as in the original.
-        Thread-safe.
+        """Return a triple of capacity >= *n* (its bucket's whole capacity).  Thread-safe.
 
         Raises:
             TypeError: *n* is a bool or not an integer.
             ValueError: *n* is negative or above the pool's ``max_capacity``.
         """
-        # The pool binds the tuple to the hand-out inside its lock (see `BucketPool._lease`).
-        return typing.cast("_Buffers", self.pool._lease(n, None, self._triple))
+        held = self.pool._lease(n, self._make)
+        buffer, _ = HELD[id(held)]
+        if buffer.base._version != buffer.version:
+            # A holder changed the views in place: this hand-out gets a tuple of intact ones.
+            fresh, fresh_id = self._make(buffer, True)
+            HELD[fresh_id] = HELD.pop(id(held))
+            held = fresh
+        return typing.cast("_Buffers", held)
 
-    def _triple(self, buffer: Buffer) -> _HeldBuffers | _HeldAliasedBuffers:
-        """The tuple of *buffer*'s whole tensors (and arrays) that stays with the buffer."""
-        whole: tuple[object, ...] = buffer.tensors
-        if self._held is _HeldAliasedBuffers:
-            whole = (*whole, *buffer.arrays)
+    def _make(self, buffer: Buffer, exclusive: bool) -> tuple[object, int]:
+        """A tuple of *buffer*'s whole fields for a hand-out to come, and its ``id()``.
+
+        *exclusive*: this thread alone may touch the buffer (its cached views may be used).
+        """
+        whole: tuple[object, ...] | None = buffer.whole
+        if whole is None:
+            capacity = buffer.bucket.capacity
+            # An exact tuple: a tuple subclass is made from one without a copy in between.
+            whole = tuple(buffer.views_for(capacity) if exclusive else buffer.cut(capacity))
+            if exclusive:
+                buffer.whole = whole
+        if self._aliased:
+            src, dst, sizes = buffer.arrays  # new aliases: the pool's own stay its own
+            whole = (*typing.cast("tuple[object, ...]", whole), src[:], dst[:], sizes[:])
         bufs = tuple.__new__(self._held, whole)
-        bufs._owner = id(self.pool)
-        return bufs
+        return bufs, id(bufs)
 
     def release(self, bufs: _Buffers, *, event: CompletionEvent | None = None) -> None:
         """Return *bufs* to the pool.  Thread-safe.
@@ -177,36 +187,44 @@ class _Adapter(typing.Generic[_Buffers]):
                 pass the end event recorded after the ``swap_blocks_batch`` call.
 
         Raises:
-            ReleaseError: *bufs* was released already, or did not come from this pool;
-                nothing changes.
+            ReleaseError: *bufs* was released already (or a later acquire handed its
+                buffer out again), or did not come from this pool; nothing changes.
             TypeError: *event* has no ``query()`` method; *bufs* stays acquired.
-            Exception: what ``event.query()`` raised; the release took effect and the
+            BaseException: what ``event.query()`` raised; the release took effect and the
                 buffer stays parked until the event reports done.
         """
-        held = bufs if type(bufs) is self._held else None
-        record = held.__dict__ if held is not None else {}
-        buffer: Buffer | None = record.get("_buffer")
-        if held is None or buffer is None or record.get("_pool") is not self.pool:
+        holder_id = id(bufs)
+        record = HELD.get(holder_id)
+        if record is None or type(bufs) is not self._held or record[0].pool_ref is not self._ref:
             raise ReleaseError(self._refusal(bufs))
-        token: int = record["_token"]
-        problem = None
+        buffer, token = record
+        pending: list[CompletionEvent] | None = None
+        error: BaseException | None = None
         if event is not None:
             if not callable(getattr(event, "query", None)):
                 raise TypeError(
                     "release: event needs a query() -> bool method (torch.Event, "
                     f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
                 )
-            if buffer.token == token:
-                try:
-                    self.pool._record(buffer, event)
-                except InFlightWriteError as error:  # recorded all the same: release, then say
-                    problem = error
-        # The release's move keeps the tuple with the buffer and clears the tuple's record
-        # of the hand-out (no reference cycle), in one step that nothing can interrupt.
-        if not self.pool._release(buffer, token, held):
+            try:
+                pending = None if event.query() else [event]
+            except BaseException as exc:  # user code: the buffer stays parked; it is theirs
+                pending, error = [event], exc
+        pool = self.pool
+        if pool._watching:
+            if pool._level and pending:
+                buffer.checksum = _verify.checksum(buffer.arrays, buffer.span)
+            buffer.released_at = _verify.site(pool._full_stack)
+        buffer.next_holder, buffer.next_id = self._make(buffer, True)
+        # The release takes effect with this append (the ledger takes the buffer back on the
+        # hand-out's token); the pop then tells which of two releases of one tuple was first.
+        buffer.bucket.inbox.append((buffer, token, pending))
+        if HELD.pop(holder_id, None) is None:
             raise ReleaseError(self._refusal(bufs))
-        if problem is not None:
-            raise problem
+        if pool._level:
+            pool._drain()
+        if error is not None:
+            raise error
 
     @property
     def _pool(self) -> _IdleBuffers[_Buffers]:
@@ -214,17 +232,17 @@ class _Adapter(typing.Generic[_Buffers]):
 
         Exists only for code and tests written against the original pool, which read its
         ``_pool`` list: ``len()``, truth, iteration and indexing behave like that list of
-        idle triples, the most recently released last.  Each call reads a fresh snapshot.
-        Read-only.
+        idle triples, the most recently released last: each is the tuple that buffer's
+        next acquire hands out.  Each call reads a fresh snapshot.  Read-only.
         """
-        return _IdleBuffers(self.pool, self._triple)
+        return _IdleBuffers(self.pool, self._make)
 
     def _refusal(self, bufs: object) -> str:
         name = type(bufs).__name__
-        if type(bufs) is self._held and bufs.__dict__.get("_owner") == id(self.pool):
+        if type(bufs) is self._held and self.pool._owns(typing.cast("tuple[object]", bufs)[0]):
             return (
-                f"release: this {name} was already released; release each acquire() result "
-                "exactly once"
+                f"release: this {name} was already released (or its buffer was handed out "
+                "again since, as a new tuple); release each acquire() result exactly once"
             )
         return (
             f"release: this {name} was not acquired from this pool ({self!r}); release it "
@@ -241,12 +259,14 @@ class _IdleBuffers(typing.Generic[_Buffers]):
 
     __slots__ = ("_pool", "_triple")
 
-    def __init__(self, pool: BucketPool, triple: typing.Callable[[Buffer], object]) -> None:
+    def __init__(
+        self, pool: BucketPool, make: typing.Callable[[Buffer, bool], tuple[object, int]]
+    ) -> None:
         self._pool = pool
-        self._triple = triple
+        self._triple = make
 
     def _snapshot(self) -> list[_Buffers]:
-        return typing.cast("list[_Buffers]", self._pool._idle_kept(self._triple))
+        return typing.cast("list[_Buffers]", self._pool._idle_holders(self._triple))
 
     def __len__(self) -> int:
         return len(self._snapshot())
@@ -282,6 +302,7 @@ class DescriptorBufferPool(_Adapter[DescriptorBuffers]):
     """
 
     _held = _HeldBuffers
+    _aliased = False
 
 
 @typing.final
@@ -295,3 +316,4 @@ class AliasedDescriptorBufferPool(_Adapter[AliasedDescriptorBuffers]):
     """
 
     _held = _HeldAliasedBuffers
+    _aliased = True

@@ -49,23 +49,25 @@ def test_capacity_is_a_power_of_two_at_least_n(n: int) -> None:
     pool.release(bufs)
 
 
-def test_same_n_after_release_is_the_very_same_object() -> None:
+def test_same_n_after_release_is_the_same_memory_in_a_new_tuple() -> None:
     pool = DescriptorBufferPool()
     bufs = pool.acquire(7)
     pool.release(bufs)
-    assert pool.acquire(7) is bufs
-    pool.release(bufs)
+    again = pool.acquire(7)
+    assert again is not bufs  # one tuple per hand-out: a late release of bufs is refused
+    assert all(a is b for a, b in zip(again, bufs, strict=True))  # the very same tensors
+    pool.release(again)
 
 
-def test_any_n_of_the_bucket_gets_the_very_same_object() -> None:
+def test_any_n_of_the_bucket_gets_the_same_tensors() -> None:
     pool = DescriptorBufferPool()
     bufs = pool.acquire(20)
     pool.release(bufs)
     again = pool.acquire(32)  # the same bucket (capacity 32)
-    assert again is bufs
+    assert again.src_ptrs is bufs.src_ptrs
     pool.release(again)
-    other = pool.acquire(33)  # the next bucket: another buffer, another tuple
-    assert other is not bufs
+    other = pool.acquire(33)  # the next bucket: another buffer
+    assert other.src_ptrs.data_ptr() != bufs.src_ptrs.data_ptr()
     assert other.src_ptrs.numel() == 64
     pool.release(other)
 
@@ -94,16 +96,22 @@ def test_double_release_raises_and_changes_nothing() -> None:
     pool.release(second)
 
 
-def test_release_after_the_tuple_was_handed_out_again_is_refused() -> None:
+def test_a_stale_release_after_the_buffer_was_handed_out_again_is_refused() -> None:
+    """Issue 16: a late second release by the previous holder must not end the new
+    holder's hand-out, whose own release must still work."""
     pool = DescriptorBufferPool()
     bufs = pool.acquire(4)
     pool.release(bufs)
-    again = pool.acquire(4)  # the very same object, a new hand-out
-    assert again is bufs
-    pool.release(again)
+    again = pool.acquire(4)  # the same buffer, a new hand-out, a new tuple
+    before = pool.pool.stats()
     with pytest.raises(ReleaseError, match="was already released"):
         pool.release(bufs)
+    assert pool.pool.stats() == before  # changed nothing
+    assert pool.pool.stats().active_requests.current == 1
+    pool.release(again)  # the new holder's release
     assert pool.pool.stats().active_requests.current == 0
+    with pytest.raises(ReleaseError, match="was already released"):
+        pool.release(again)
 
 
 def test_foreign_triple_raises() -> None:
@@ -199,16 +207,18 @@ def test_aliased_add_copies_has_the_upstream_meaning() -> None:
     pool.release(bufs)
 
 
-def test_aliased_same_n_is_the_same_object_and_dtype_follows() -> None:
+def test_aliased_same_n_is_the_same_memory_and_dtype_follows() -> None:
     pool = AliasedDescriptorBufferPool(dtype=torch.uint64)
     bufs = pool.acquire(11)
     assert bufs.dst_ptrs.dtype == torch.uint64
     assert bufs.dst_np.dtype == np.uint64
     pool.release(bufs)
-    assert pool.acquire(11) is bufs
-    pool.release(bufs)
-    other = pool.acquire(12)  # same bucket, another n: the very same object
-    assert other is bufs
+    again = pool.acquire(11)
+    assert again.src_ptrs is bufs.src_ptrs
+    assert again.src_np.ctypes.data == bufs.src_np.ctypes.data  # new aliases, same memory
+    pool.release(again)
+    other = pool.acquire(12)  # same bucket, another n: the same memory
+    assert other.src_ptrs is bufs.src_ptrs
     assert other.src_np.size == 16
     pool.release(other)
 
@@ -230,7 +240,7 @@ def test_tuples_are_instances_of_the_public_classes() -> None:
     assert isinstance(a, DescriptorBuffers)
     assert isinstance(b, AliasedDescriptorBuffers)
     assert type(a).__name__ == "DescriptorBuffers"
-    assert {"_buffer", "_token", "_owner"} <= set(vars(a))
+    assert not hasattr(a, "__dict__")  # as light as the public tuple: it records nothing
     plain.release(a)
     aliased.release(b)
 
@@ -254,8 +264,7 @@ def test_the_adapter_keeps_no_reference_to_what_it_handed_out() -> None:
     pool = DescriptorBufferPool()
     bufs = pool.acquire(4)
     pool.release(bufs)
-    held = pool.acquire(4)  # the idle tuple again, now held
-    assert held is bufs
+    held = pool.acquire(4)  # the same buffer, now held through a new tuple
     del bufs
     gc.disable()
     try:
@@ -276,12 +285,17 @@ def test_private_pool_view_behaves_like_the_originals_list() -> None:
         pool.release(triple)
     assert len(pool._pool) == 3
     assert pool._pool
-    assert {id(t) for t in pool._pool} == {id(t) for t in bufs}
+    # Each idle entry is the tuple the buffer's next acquire hands out: new objects, the
+    # released triples' tensors.
+    assert {id(t.src_ptrs) for t in pool._pool} == {id(t.src_ptrs) for t in bufs}
     # Indexing like the original's LIFO list: in one bucket, the last released is last.
-    assert pool._pool[1] is bufs[1]
-    assert pool._pool[-1] is bufs[2]
+    assert pool._pool[1].src_ptrs is bufs[1].src_ptrs
+    assert pool._pool[-1].src_ptrs is bufs[2].src_ptrs
     assert pool._pool[0].src_ptrs is bufs[0].src_ptrs
-    assert pool._pool[:2] == [bufs[0], bufs[1]]
+    assert [t.src_ptrs for t in pool._pool[:2]] == [bufs[0].src_ptrs, bufs[1].src_ptrs]
+    handed = pool.acquire(40)
+    assert handed is pool._pool[-1] or handed.src_ptrs is bufs[2].src_ptrs
+    pool.release(handed)
     with pytest.raises(IndexError):
         pool._pool[3]
     with pytest.raises(AttributeError):

@@ -756,10 +756,13 @@ def test_leaked_handle_warns_with_its_site_and_buffer_comes_back() -> None:
     assert pool.outstanding() == []
 
 
-def test_leak_without_tracing_says_how_to_find_it() -> None:
+def test_a_leak_names_the_line_that_acquired_without_tracing() -> None:
     pool = BucketPool()
-    with pytest.warns(LeakWarning, match="make the pool with trace=True or debug='checks'"):
+    site = r"n=3 was never released; acquired at .*test_pool.py:\d+"
+    with pytest.warns(LeakWarning, match=site) as caught:
         leak(pool, 3)
+    assert caught[0].filename == __file__  # the warning itself points at that line
+    assert caught[0].lineno == _line_of("pool.acquire(n)  # dropped at once: never released")
     assert pool.stats().cached_bytes == TRIPLE_16
 
 
@@ -937,13 +940,13 @@ def test_every_acquire_makes_a_new_handle(
     pool: BucketPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made: list[type] = []
-    real = _pool._new_handle
+    real = _pool._new
 
     def counting(cls: type[BufferHandle]) -> BufferHandle:
         made.append(cls)
         return real(cls)
 
-    monkeypatch.setattr(_pool, "_new_handle", counting)
+    monkeypatch.setattr(_pool, "_new", counting)
     for _ in range(3):
         with pool.acquire(5):
             pass
@@ -1004,14 +1007,14 @@ def test_handles_cannot_be_built_by_hand() -> None:
 def test_a_miss_never_shows_cached_bytes_over_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = BucketPool(max_cached_bytes=0, max_cached_per_bucket=0)
     snapshots: list[PoolStats] = []
-    real = BucketPool._refill
+    real = BucketPool._new_buffer
 
-    def refill_then_look(self: BucketPool, bucket: object) -> object:
-        fresh = real(self, bucket)  # type: ignore[arg-type]
+    def allocate_then_look(self: BucketPool, *args: object) -> object:
+        fresh = real(self, *args)  # type: ignore[arg-type]
         snapshots.append(self.stats())  # as another thread's stats() may, at this moment
         return fresh
 
-    monkeypatch.setattr(BucketPool, "_refill", refill_then_look)
+    monkeypatch.setattr(BucketPool, "_new_buffer", allocate_then_look)
     with pool.acquire(8):
         pass
     assert len(snapshots) == 1

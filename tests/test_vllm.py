@@ -207,7 +207,8 @@ def test_three_fields_get_the_three_field_adapter(build: Builder, dtype: torch.d
     assert [t.numel() for t in bufs] == [pool.pool.bucket_capacity(5)] * 3  # capacity >= n
     pool.release(bufs)
     again = pool.acquire(5)
-    assert again is bufs
+    assert again is not bufs  # a new tuple per hand-out: a stale release is refused
+    assert [t.data_ptr() for t in again] == [t.data_ptr() for t in bufs]  # the same memory
     pool.release(again)
 
 

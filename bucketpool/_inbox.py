@@ -1,0 +1,100 @@
+"""Taking back what waits in a pool's inbox, and reporting leaks at the line that acquired.
+
+Releases and dropped holders append to their bucket's inbox without the lock.  `drain`
+takes each entry back with the ledger's `Ledger.settle` move, then applies what the caps
+say, outside the lock.  A dropped holder is reported with a `LeakWarning`, once per acquire site, at
+that site's file and line (as `warnings.warn_explicit` does), so that an IDE, a
+``-W error`` run or pytest's summary points at the code that acquired.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+from bucketpool import _verify
+from bucketpool._buffer import Bucket
+from bucketpool._errors import LeakWarning
+from bucketpool._ledger import Leak, Ledger
+from bucketpool._policy import trim_to
+
+__all__ = ["drain", "warn"]
+
+
+def drain(ledger: Ledger, reported: set[object], only: Bucket | None = None) -> list[str]:
+    """Take back every entry of *ledger*'s inboxes; return the in-flight problems found.
+
+    Only bucket *only*'s inbox, if given.  Leaks are warned about here, once per site in
+    *reported* (the pool's set of sites).
+    """
+    problems: list[str] = []
+    for bucket in ledger.buckets if only is None else (only,):
+        while bucket.inbox:
+            buffer, outcome, leak, problem = ledger.settle(bucket)
+            if outcome == "crowded" and buffer is not None:
+                # Room first, in other buckets, least recently used first: the cache never
+                # shows more than the cap, not even for a moment.
+                room = ledger.max_cached_bytes - ledger.parked_bytes - bucket.nbytes
+                trim_to(ledger, room, keep=bucket)
+                buffer, outcome, leak, problem = ledger.settle(bucket, force=True)
+            if buffer is None:
+                continue
+            if outcome == "freed":
+                buffer.scrap()
+            if leak is not None:
+                _report_leak(leak, reported)
+            if problem is not None:
+                problems.append(problem)
+    return problems
+
+
+def _report_leak(leak: Leak, reported: set[object]) -> None:
+    n, code, lasti, where = leak
+    line = _verify.line_of(where) or _verify.code_line(code, lasti)  # type: ignore[arg-type]
+    key: object = line or n
+    if key in reported:
+        return
+    reported.add(key)
+    at = _verify.format_site(where if where is not None else line)  # type: ignore[arg-type]
+    warn(
+        f"a bucketpool buffer of n={n} was never released; acquired at {at}. Use 'with "
+        "pool.acquire(n) as bufs:' or call handle.release(); the buffer went back to the "
+        "pool (reported once per acquire site)",
+        LeakWarning,
+        line,
+    )
+
+
+def warn(message: str, category: type[Warning], line: tuple[str, int] | None = None) -> None:
+    """Warn, at *line* (a user's file and line) when known; never raise from here.
+
+    Warnings here report what some earlier code did (a leak, a stale write) and may run in
+    a finaliser or in another caller's operation.  A filter that turns the warning into an
+    error (``-W error``, ``simplefilter("error", LeakWarning)``) must not raise it in the
+    wrong place, nor hide it: the error goes to ``sys.unraisablehook``, as an exception
+    raised in a finaliser does (printed as "Exception ignored", and reported by pytest).
+    """
+    try:
+        if line is None:
+            warnings.warn(message, category, stacklevel=3)
+        else:
+            warnings.warn_explicit(message, category, line[0], line[1], module="bucketpool")
+    except Exception as error:
+        with contextlib.suppress(Exception):
+            _Unraisable(error)
+
+
+class _Unraisable:
+    """Hand *error* to ``sys.unraisablehook``.
+
+    Made and dropped at once: its finaliser raises the error, and the interpreter reports an
+    exception raised in a finaliser there.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __del__(self) -> None:
+        raise self.error
