@@ -11,6 +11,7 @@ __all__ = [
     "bucket_capacity",
     "capacity_for",
     "check_count",
+    "check_non_negative_count",
     "check_power_of_two",
 ]
 
@@ -66,6 +67,19 @@ def check_count(
             f"the step into batches of at most {max_capacity} copies or raise max_capacity"
         )
     return count
+
+
+def check_non_negative_count(value: object, what: str) -> int:
+    """Return *value* as a plain int if it is an integer >= 0; *what* names it in messages.
+
+    Raises:
+        TypeError: *value* is a `bool` or not an integer.
+        ValueError: *value* is negative.
+    """
+    number = as_index(value, what)
+    if number < 0:
+        raise ValueError(f"{what} must be >= 0, got {number}")
+    return number
 
 
 def check_power_of_two(name: str, value: object) -> int:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import collections
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING, SupportsIndex
+from typing import TYPE_CHECKING, Final, SupportsIndex
 
 import numpy as np
 import torch
 
-from bucketpool import _fill, _inputs
+from bucketpool import _blocks, _fill, _inputs
 from bucketpool._buckets import as_index
 from bucketpool._errors import ReleaseError
 from bucketpool._types import (
@@ -40,13 +40,25 @@ from bucketpool._types import (
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["VIEW_SETS", "Bucket", "Buffer", "Views"]
+__all__ = ["HELD", "LEAK", "VIEW_SETS", "Bucket", "Buffer", "Entry", "Views"]
 
 #: View sets cached per buffer, one per recent n.  Chosen by measurement (see the
 #: benchmark's log-uniform traces and the README's memory notes).
 VIEW_SETS = 16
 
 _empty = torch.empty  # bound at import: a test that patches torch.empty does not reach us
+
+#: What a dropped holder's finaliser queues in place of pending events.
+LEAK: Final = "leak"
+#: An entry of a bucket's inbox: the buffer, the token of the hand-out (minus it for a
+#: parked buffer whose events are done), and None, the events still pending, or `LEAK`.
+Entry = tuple["Buffer", int, "list[CompletionEvent] | str | None"]
+#: The compat tuples out: ``id()`` of the tuple -> (its buffer, the hand-out's token).  A
+#: tuple holds its buffer while its entry is here: `Ledger.serve` puts it in; the tuple's
+#: release or finaliser takes it out with one ``dict.pop``, so that of two releases of one
+#: tuple exactly one reports success.  The buffer itself is moved only by the ledger,
+#: under the lock, on the hand-out's token.
+HELD: dict[int, tuple[Buffer, int]] = {}
 
 
 class Views(DescriptorBuffers):
@@ -75,7 +87,7 @@ class Bucket:
         self.free: list[Buffer] = []
         #: Buffers of this bucket coming back, oldest first: `bucketpool._ledger`'s
         #: "returning" place.  Appended to without the lock; taken from under it.
-        self.inbox: collections.deque[tuple[Buffer, int, object]] = collections.deque()
+        self.inbox: collections.deque[Entry] = collections.deque()
         self.last_tick = 0  # the tick of its last hand-out (or reservation)
 
 
@@ -276,7 +288,7 @@ class Buffer:
     ) -> int:
         """`DescriptorBuffers.add_block_copies`: read every input, check, write."""
         src, dst, _ = self.arrays
-        plan = _inputs.read_block_copies(
+        plan = _blocks.read_block_copies(
             first,
             src_base,
             dst_base,

@@ -17,8 +17,9 @@ from typing import SupportsIndex
 import numpy as np
 import numpy.typing as npt
 
+from bucketpool._blocks import BlockPlan, read_block_copies
 from bucketpool._errors import CapacityError
-from bucketpool._inputs import BlockPlan, CopyPlan, read_block_copies, read_copies
+from bucketpool._inputs import CopyPlan, read_copies
 from bucketpool._types import DescriptorArrays, IntArray, IntegerInput
 
 __all__ = [
@@ -243,7 +244,7 @@ def write_block_copies(arrays: DescriptorArrays, n: int, plan: BlockPlan) -> int
     Args:
         arrays: the destination ``(src, dst, sizes)`` arrays, 1-D, int64 or uint64.
         n: the entries that may be written, at most ``len(arrays[0])``.
-        plan: what `bucketpool._inputs.read_block_copies` read for these arrays' dtypes.
+        plan: what `bucketpool._blocks.read_block_copies` read for these arrays' dtypes.
 
     Returns:
         ``first + runs``, the next free entry.

@@ -14,7 +14,7 @@ import typing
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 
-from bucketpool import _fill, _inputs, _verify
+from bucketpool import _blocks, _fill, _guard, _inputs, _parking, _verify
 from bucketpool._buckets import as_index
 from bucketpool._errors import ReleaseError
 from bucketpool._ledger import LEAK
@@ -84,7 +84,11 @@ class BufferHandle:
     @property
     def acquired_at(self) -> str | None:
         """Where the handle was acquired, when the pool traces (``trace`` or a debug level)."""
-        return self._pool._acquired_at(self._buffer, self._token)
+        buffer = self._buffer
+        token = self._token
+        if token <= 0 or buffer.token != token or buffer.site is None:
+            return None
+        return _verify.format_site(buffer.site)  # type: ignore[arg-type]
 
     @property
     def buffers(self) -> DescriptorBuffers:
@@ -106,7 +110,10 @@ class BufferHandle:
         Raises:
             ReleaseError: the handle has been released.
         """
-        return self._pool._arrays(self._live("arrays"))
+        buffer = self._live("arrays")
+        if buffer.guard:
+            return _guard.guarded_arrays(buffer, buffer.n)
+        return buffer.field_arrays(buffer.n)
 
     def __enter__(self) -> DescriptorBuffers:
         """Return the views; the ``with`` block releases the handle when it ends."""
@@ -241,7 +248,7 @@ class BufferHandle:
                 "record_event needs an object with a query() -> bool method "
                 f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
             )
-        self._pool._record(self._live("record_event"), event)
+        _parking.record(self._live("record_event"), event, self._pool._level > 0)
 
     def add_copies(
         self,
@@ -304,7 +311,7 @@ class BufferHandle:
             TypeError: an input is not integer.
         """
         arrays = self._buffer.arrays
-        plan = _inputs.read_block_copies(
+        plan = _blocks.read_block_copies(
             first,
             src_base,
             dst_base,

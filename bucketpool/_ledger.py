@@ -5,48 +5,41 @@ The life of a buffer
 A buffer is, at every moment, in exactly one place, and its ``token`` says which:
 
 * **cached** (token 0) -- in its bucket's free list, ready to hand out (the newest last);
-* **held** (token > 0, the hand-out's token) -- handed out.  Its holder (a `BufferHandle`,
-  or a compat adapter's tuple) carries the same token;
-* **returning** (still the hand-out's token) -- released, or dropped unreleased, and
-  waiting in its bucket's inbox for the next operation on that bucket (or the next drain)
-  to take it back.  A release appends to the inbox without taking the lock (a deque's
-  appends are thread-safe), so releasing never waits, also from a finaliser or a collected
-  ``with`` block.  Each bucket has its own inbox, so a return never stands in the way of
-  a hand-out of another size;
-* **parked** (minus the hand-out's token) -- taken back while an event recorded on it was
-  pending; it waits in the parked queue until every event reports done, then returns
-  through the inbox once more;
+* **held** (token > 0, the hand-out's) -- handed out; its holder, a `BufferHandle` (or a
+  compat adapter's tuple, through `HELD`), carries the same token;
+* **returning** (the hand-out's token still) -- released or dropped unreleased, waiting in
+  its bucket's inbox.  A release appends there without the lock (deque appends are
+  thread-safe), so it never waits, also from a finaliser or a collected ``with`` block;
+  the bucket's next hand-out, or the next drain, takes the buffer back.  One inbox per
+  bucket: a return never stands in the way of a hand-out of another size;
+* **parked** (minus the hand-out's token) -- taken back while a recorded event was
+  pending; it returns through the inbox once every event reports done;
 * **freed** -- dropped by a cap, a trim or idle trimming; its memory goes back at once.
 
-Every change of place is a *move*: one method below, one locked section, straight-line
-code that calls nothing (see `bucketpool._lock`), so that a signal handler's exception
-lands before a move or after it and a buffer is never in two places or in none.  Each move
-is written once and every path uses it:
+Every change of place is a *move*: one method below, one locked section of straight-line
+code that calls nothing (the rule is in `bucketpool._lock`), so that a signal handler's
+exception lands before a move or after it.  Each is written once:
 
-* `serve` -- cached or returning -> held (the hot path: the oldest return, when it is the
-  only one and of the bucket asked for, goes straight to the new holder), and a new
-  buffer -> held (a miss) or -> cached (a reservation);
-* `settle` -- returning -> cached, parked or freed (a bucket inbox's oldest entry);
+* `serve` -- returning or cached -> held, and new -> held (a miss) or cached (`reserve`);
+* `settle` -- returning -> cached, parked or freed;
 * `uncache` -- cached -> freed;
-* `step_parked` -- parked -> returning, once its events are done;
-* `attach_holder` -- gives a cached buffer the tuple its next compat hand-out gets.
+* `step_parked` -- parked -> returning;
+* `attach_holder` -- a cached buffer gets the tuple its next compat hand-out hands out.
 
-A token is never used twice, so a mismatch is final: a stale, copied or forged holder names
-a hand-out that is over, and moves nothing.  A compat tuple, which has no slot for a token,
-holds its buffer through `HELD`.  Counters that `stats()` can derive when asked
-are not kept: hits are takes less misses, cached bytes are allocated less active less
-parked bytes.  Peaks are kept exactly.
+A token is never used twice, so a mismatch is final: a stale, copied or forged holder
+moves nothing.  Counters that `stats()` can derive are not kept (hits are takes less
+misses; cached bytes are allocated less active less parked bytes); peaks are exact.
 """
 
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Callable
 from typing import Final
 
-from bucketpool._buffer import Bucket, Buffer
+from bucketpool._buffer import HELD, LEAK, Bucket, Buffer
 from bucketpool._lock import LOCK
-from bucketpool._types import CompletionEvent
 
 __all__ = [
     "CACHE",
@@ -56,23 +49,11 @@ __all__ = [
     "NEEDS_HOLDER",
     "SETTLE",
     "SWEEP",
-    "Entry",
+    "TOTALS",
     "Leak",
     "Ledger",
     "Settled",
 ]
-
-#: What a dropped holder's finaliser queues in place of pending events.
-LEAK: Final = "leak"
-#: The compat tuples out: ``id()`` of the tuple -> (its buffer, the hand-out's token).  A
-#: tuple holds its buffer while its entry is here: `Ledger.serve` puts it in; the tuple's
-#: release or finaliser takes it out with one ``dict.pop``, so that of two releases of one
-#: tuple exactly one reports success.  The buffer itself is moved only by the ledger,
-#: under the lock, on the hand-out's token.
-HELD: dict[int, tuple[Buffer, int]] = {}
-#: An entry of the inbox: the buffer, the token of the hand-out (minus it for a parked
-#: buffer whose events are done), and None, the events still pending, or `LEAK`.
-Entry = tuple[Buffer, int, "list[CompletionEvent] | str | None"]
 
 #: `serve` could not serve: the bucket's inbox has something to settle first.
 SETTLE: Final = 1
@@ -85,6 +66,14 @@ SWEEP: Final = 4
 #: `serve`'s holder for a new buffer that is to be cached, not handed out (`reserve`).
 CACHE: Final = "cache"
 
+#: The ledger's totals, in the order `Ledger.snapshot` copies them.
+TOTALS = (
+    *("active", "active_peak", "active_bytes", "active_bytes_peak"),
+    *("allocations", "allocations_peak", "allocated_bytes", "allocated_bytes_peak"),
+    *("allocations_total", "allocated_bytes_total", "parked_bytes", "requested", "leaks"),
+    "tick",
+)
+_read_totals = operator.attrgetter(*TOTALS)
 #: A leak, as `settle` saw it: the hand-out's n, the acquire's code object and
 #: instruction, and its traced site (or None).
 Leak = tuple[int, object, int, object]
@@ -148,25 +137,19 @@ class Ledger:
         self.max_cached_per_bucket = max_cached_per_bucket
         self.sweep_every = sweep_every
         self.next_sweep = sweep_every
-        #: The debug levels' check of a buffer taken back (numpy on the pool's own memory,
-        #: run inside `settle`), or None at level off, where a plain return needs no check.
+        #: The debug levels' check of a buffer taken back (run inside `settle`), or None.
         self.verify = verify
         self.plain = verify is None
-        self.tick = 0  # hand-outs so far: the last token given
         # Per bucket, indexed like `buckets`, so that a snapshot is a few slices.
-        self.takes = [0] * count
-        self.misses = [0] * count
-        self.allocated = [0] * count
-        self.cached = [0] * count
-        self.parked = [0] * count
-        self.active = self.active_peak = 0
-        self.active_bytes = self.active_bytes_peak = 0
+        self.takes, self.misses, self.allocated, self.cached, self.parked = (
+            [0] * count for _ in range(5)
+        )
+        self.tick = 0  # hand-outs so far: the last token given
+        self.active = self.active_peak = self.active_bytes = self.active_bytes_peak = 0
         self.allocations = self.allocations_peak = 0
         self.allocated_bytes = self.allocated_bytes_peak = 0
         self.allocations_total = self.allocated_bytes_total = 0  # freed: these less current
-        self.parked_bytes = 0
-        self.requested = 0
-        self.leaks = 0
+        self.parked_bytes = self.requested = self.leaks = 0
 
     # -- the moves ----------------------------------------------------------------------------
 
@@ -179,17 +162,13 @@ class Ledger:
         lasti: int,
         fresh: Buffer | None = None,
     ) -> object:
-        """Hand a buffer of *bucket* to *holder*; return the holder, or why it could not.
+        """Hand a buffer of *bucket* to *holder* (a `BufferHandle`, or None for compat).
 
-        Returns `SWEEP` instead of a handle once every sweep interval, having served it:
-        the caller sweeps.
-
-        The buffer is the one that the bucket's inbox holds, when that is one plain return
-        (it goes straight to the new holder); else the newest cached; else *fresh*, a new
-        buffer, counted here (and cached instead when *holder* is `CACHE`).  *holder* is
-        a `BufferHandle`, bound here, or None for a compat hand-out, which gets the tuple
-        kept with the buffer.  Returns `SETTLE`,
-        `EMPTY` or `NEEDS_HOLDER`, having moved nothing, when it could not serve.
+        The buffer is the one the bucket's inbox holds, if that is one plain return; else
+        the newest cached; else *fresh*, a new one, counted here (cached instead if
+        *holder* is `CACHE`).  Returns the holder (a compat hand-out's is the tuple kept
+        with the buffer), `SWEEP` for a served handle when the idle sweep is due, or,
+        having moved nothing, `SETTLE`, `EMPTY` or `NEEDS_HOLDER`.
         """
         k = bucket.index
         with LOCK:
@@ -221,7 +200,6 @@ class Ledger:
                     state is not None
                     or token <= 0  # a parked buffer retiring: settle counts it out
                     or inbox[-1] is not entry
-                    or buffer.bucket is not bucket
                     or buffer.token != token
                     or not self.plain
                     or (holder is None and buffer.next_holder is None)
@@ -266,18 +244,14 @@ class Ledger:
             return holder
 
     def settle(self, bucket: Bucket, force: bool = False) -> Settled:
-        """Take back the oldest entry of *bucket*'s inbox: park it, cache it, or free it.
+        """Take back the oldest entry of *bucket*'s inbox: park, cache or free the buffer.
 
-        A buffer whose hand-out ends with events pending is parked; a parked buffer whose
-        events are done, or a return with none pending, is cached if the caps keep it
-        (parked bytes count against the byte cap), else freed.  At the debug levels the
-        buffer is verified first (`verify`), before anything moves.  When caching it fits
-        its bucket but would take the cache over the byte cap, nothing moves and the
-        outcome is ``"crowded"``: the caller makes room in other buckets and calls again
-        with *force*, which frees the buffer if there is still no room.  Returns the
-        buffer, the outcome (``"parked"``, ``"cached"``, ``"freed"``, ``"crowded"``, or
-        ``"nothing"`` for an empty inbox or a hand-out that was over already), the leak it
-        took back, and the verification's problem.
+        Events pending: parked.  Else cached if the caps keep it (parked bytes count), else
+        freed.  The debug levels' `verify` runs first, before anything moves.  If caching
+        fits the bucket but not the byte cap, nothing moves (``"crowded"``): the caller
+        makes room elsewhere and calls again with *force*, which frees it if there is
+        still none.  Returns the buffer, the outcome (``"parked"``, ``"cached"``,
+        ``"freed"``, ``"crowded"``, ``"nothing"``), the leak taken back, the problem.
         """
         k = bucket.index
         with LOCK:
@@ -343,11 +317,10 @@ class Ledger:
         return (buffer, outcome, leak, problem)
 
     def uncache(self, bucket: Bucket, newest: bool, limit: int | None) -> Buffer | None:
-        """Free one cached buffer of *bucket* (the newest, or the least recently released).
+        """Free *bucket*'s newest (or oldest) cached buffer if cached bytes exceed *limit*.
 
-        Only while the cached bytes exceed *limit*: None means the byte cap (parked bytes
-        count against it), -1 frees whatever the bytes.  Returns the freed buffer, for the
-        caller to `Buffer.scrap` outside the lock, or None.
+        *limit* None is the byte cap (less parked bytes); -1 frees whatever the bytes.
+        Returns the freed buffer (the caller scraps it outside the lock), or None.
         """
         k = bucket.index
         with LOCK:
@@ -411,32 +384,11 @@ class Ledger:
             self.allocations_peak = self.allocations
             self.allocated_bytes_peak = self.allocated_bytes
 
-    def snapshot(self) -> tuple[list[int], ...]:
-        """Copy the counters in one locked section: per-bucket lists, then the totals."""
+    def snapshot(self) -> tuple[list[int] | tuple[int, ...], ...]:
+        """Copy the counters: per-bucket lists, then `TOTALS` (slices and one C call)."""
         with LOCK:
-            return (
-                self.takes[:],
-                self.misses[:],
-                self.allocated[:],
-                self.cached[:],
-                self.parked[:],
-                [
-                    self.active,
-                    self.active_peak,
-                    self.active_bytes,
-                    self.active_bytes_peak,
-                    self.allocations,
-                    self.allocations_peak,
-                    self.allocated_bytes,
-                    self.allocated_bytes_peak,
-                    self.allocations_total,
-                    self.allocated_bytes_total,
-                    self.parked_bytes,
-                    self.requested,
-                    self.leaks,
-                    self.tick,
-                ],
-            )
+            counts = (self.takes[:], self.misses[:], self.allocated[:], self.cached[:])
+            return (*counts, self.parked[:], _read_totals(self))
 
     def buffers(self) -> list[Buffer]:
         """Every buffer not freed, oldest first, copied in one locked section."""

@@ -17,8 +17,8 @@ build.
 
 Code that the garbage collector or a signal handler may run at any moment (a handle's
 finaliser, the exit of a ``with`` block in a collected generator) never waits for the lock:
-releases are appended to the pool's inbox (a `collections.deque`, whose appends are
-thread-safe), and the next operation takes them back.  Any other call made while this
+releases are appended to the inbox of the buffer's bucket (a `collections.deque`, whose
+appends are thread-safe), and the next operation takes them back.  Any other call made while this
 thread is inside a move (which only an allocation inside a maintenance section can bring
 about) raises `PoolError`: `inside` says when.
 
@@ -33,11 +33,15 @@ from __future__ import annotations
 import os
 import threading
 
-__all__ = ["LOCK", "inside"]
+from bucketpool._errors import PoolError
+
+__all__ = ["LOCK", "inside", "owned", "reentered"]
 
 #: The lock.  An RLock only for its owner test (`inside`): it is never entered twice.
 LOCK = threading.RLock()
-_is_owned = LOCK._is_owned  # type: ignore[attr-defined]
+#: `inside` without the Python call, for the hot paths: the lock's own C method.
+owned = LOCK._is_owned  # type: ignore[attr-defined]
+_is_owned = owned
 
 # Whether `_before_fork` took the lock (it does not when the forking thread holds it).
 _taken_for_fork: list[bool] = []
@@ -46,6 +50,16 @@ _taken_for_fork: list[bool] = []
 def inside() -> bool:
     """Return whether this thread is inside a move (a finaliser or handler interrupted it)."""
     return bool(_is_owned())
+
+
+def reentered(operation: str) -> PoolError:
+    """The error for *operation* called from inside a move (a finaliser interrupted one)."""
+    return PoolError(
+        f"{operation} was called from a finaliser or signal handler that interrupted this "
+        "thread inside a pool, whose records may be half-way through a change; call "
+        f"{operation} outside finalisers and signal handlers (releases are fine there: they "
+        "are queued)"
+    )
 
 
 def _before_fork() -> None:

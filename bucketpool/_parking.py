@@ -20,14 +20,19 @@ it interrupted, the buffer still parked.
 
 from __future__ import annotations
 
+import collections
 import time
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+from bucketpool import _verify
+from bucketpool._buffer import Buffer
+from bucketpool._errors import InFlightWriteError
+from bucketpool._inbox import drain
 from bucketpool._ledger import Ledger
 from bucketpool._types import CompletionEvent
 
-__all__ = ["POLL_BUDGET", "all_done", "poll", "sweep", "wait"]
+__all__ = ["POLL_BUDGET", "all_done", "poll", "record", "settle_parked", "sweep", "wait"]
 
 #: Parked buffers an acquire asks before it allocates: enough to retire the buffers of the
 #: steps that finished since the last look, and a bound on the cost whatever is parked.
@@ -71,6 +76,23 @@ def poll(ledger: Ledger, budget: int = POLL_BUDGET) -> int:
         else:
             index = max(ledger.cursor, 1) if index == 0 else index + 1
     ledger.cursor = index  # a hint for the next poll: where it left off
+    return retired
+
+
+def settle_parked(
+    ledger: Ledger, reported: set[object], finished: Callable[[Sequence[CompletionEvent]], bool]
+) -> int:
+    """`collect` and `synchronize`: ask every parked buffer, take the done ones back.
+
+    Returns how many retired.  Raises, once every buffer was asked and every finished one
+    taken back, the first error an event raised, else the first in-flight problem.
+    """
+    retired, error = sweep(ledger, finished)
+    problems = drain(ledger, reported)
+    if error is not None:
+        raise error
+    if problems:
+        raise InFlightWriteError(problems[0])
     return retired
 
 
@@ -128,3 +150,51 @@ def _ask(
         return ledger.step_parked(buffer, index, done), done, error
     except IndexError:
         return False, done, error
+
+
+def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> None:
+    """(the holder) Add *event* to the live hand-out's events; drop ones found done.
+
+    Each record looks at no more than two earlier events (amortised O(1): each event
+    leaves once).  With *checking* (the debug levels), descriptors changed since the last
+    record while an earlier event may still be running raise `InFlightWriteError`, the
+    event recorded all the same; that costs asking the earlier events only when the
+    descriptors did change.
+    """
+    # A held buffer's events are a deque (a parked buffer's, a list of those pending).
+    events = typing.cast("collections.deque[CompletionEvent] | None", buffer.events)
+    if events is None:
+        buffer.events = events = collections.deque()
+    else:
+        for _ in range(min(2, len(events))):
+            oldest = events[0]
+            try:
+                done = oldest.query()
+            except KeyboardInterrupt:
+                raise
+            except BaseException:  # not this call's to report: kept, asked at release
+                done = False
+            events.popleft()
+            if not done:
+                events.append(oldest)
+    if checking:
+        current = _verify.checksum(buffer.arrays, buffer.span)
+        earlier = buffer.checksum
+        buffer.checksum = current
+        if earlier is not None and earlier != current and _any_pending(events):
+            events.append(event)
+            raise InFlightWriteError(_verify.in_flight_problem(buffer))
+    events.append(event)
+
+
+def _any_pending(events: Iterable[CompletionEvent]) -> bool:
+    """Whether an earlier event may still be running (one whose query raises may be)."""
+    for event in events:
+        try:
+            if not event.query():
+                return True
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # not this call's to report: asked again at release
+            return True
+    return False

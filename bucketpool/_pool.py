@@ -10,7 +10,6 @@ checks, `bucketpool._verify`'s and `bucketpool._guard`'s.
 
 from __future__ import annotations
 
-import collections
 import sys
 import typing
 import weakref
@@ -19,25 +18,26 @@ from typing import SupportsIndex
 
 import torch
 
-from bucketpool import _guard, _verify
-from bucketpool._buckets import as_index, check_count
+from bucketpool import _verify
+from bucketpool._buckets import check_count, check_non_negative_count
 from bucketpool._buffer import Bucket, Buffer
-from bucketpool._errors import InFlightWriteError, PoolError, ReleaseError
+from bucketpool._errors import ReleaseError
 from bucketpool._handle import BufferHandle
 from bucketpool._inbox import drain, warn
-from bucketpool._ledger import CACHE, EMPTY, HELD, NEEDS_HOLDER, SETTLE, SWEEP, Ledger
-from bucketpool._lock import LOCK
-from bucketpool._parking import all_done, poll, sweep, wait
-from bucketpool._policy import sweep_idle, trim_to
+from bucketpool._ledger import CACHE, SWEEP, Ledger
+from bucketpool._lock import LOCK, owned, reentered
+from bucketpool._parking import all_done, poll, settle_parked, wait
+from bucketpool._policy import check_reserve, sweep_idle, trim_to
+from bucketpool._refill import serve_slowly
 from bucketpool._settings import DEBUG_LEVELS, DebugLevel, Settings, resolve_settings
-from bucketpool._stats import OutstandingBuffer, PoolStats, build_stats
-from bucketpool._types import CompletionEvent, DescriptorArrays
+from bucketpool._stats import OutstandingBuffer, PoolStats, build_stats, outstanding_of
+from bucketpool._types import CompletionEvent
 
-__all__ = ["BucketPool"]
+__all__ = ["BucketPool", "MakeHolder"]
 
 _new = object.__new__
 _getframe = sys._getframe
-_is_owned = LOCK._is_owned  # type: ignore[attr-defined]
+_is_owned = owned
 
 #: Makes the tuple a compat adapter hands out with a buffer (see `bucketpool.compat`).
 MakeHolder = Callable[[Buffer, bool], tuple[object, int]]
@@ -107,20 +107,9 @@ class BucketPool:
         debug: DebugLevel | None = None,
         trace: bool | None = None,
     ) -> None:
-        self._settings = settings = resolve_settings(
-            {
-                "dtype": dtype,
-                "device": device,
-                "pin_memory": pin_memory,
-                "min_capacity": min_capacity,
-                "max_capacity": max_capacity,
-                "max_cached_bytes": max_cached_bytes,
-                "max_cached_per_bucket": max_cached_per_bucket,
-                "idle_trim_acquires": idle_trim_acquires,
-                "debug": debug,
-                "trace": trace,
-            }
-        )
+        arguments = dict(locals())  # every keyword argument is a setting
+        del arguments["self"]
+        self._settings = settings = resolve_settings(arguments)
         self._level = DEBUG_LEVELS.index(settings.debug)
         idle = settings.idle_trim_acquires
         # An idle bucket is trimmed at most idle * 5 / 4 acquires after its last use, and the
@@ -143,11 +132,6 @@ class BucketPool:
         self._watching = self._tracing
         self._reported: set[object] = set()
         self._self_ref = weakref.ref(self)
-
-    @property
-    def _inbox(self) -> list[object]:
-        """What waits to be taken back, every bucket's, for tests and debuggers to look at."""
-        return [entry for bucket in self._buckets for entry in list(bucket.inbox)]
 
     @property
     def settings(self) -> Settings:
@@ -190,7 +174,7 @@ class BucketPool:
             n = check_count(n, self._max_capacity)
         bucket = self._buckets[(n - 1).bit_length() if n > self._min_capacity else self._min_index]
         if _is_owned():
-            raise _reentered("acquire")
+            raise reentered("acquire")
         frame = _getframe(1)  # the acquire's site, for a leak warning: no stack walk
         # The handle exists before the hand-out and is bound inside the move: from then on
         # its finaliser owns the buffer, also when a signal unwinds this call.
@@ -200,43 +184,12 @@ class BucketPool:
         got = self._ledger.serve(bucket, n, handle, frame.f_code, frame.f_lasti)
         if got is not handle:
             if got is not SWEEP:
-                got = self._serve(bucket, n, handle, frame.f_code, frame.f_lasti, None)
+                got = serve_slowly(self, bucket, n, handle, frame.f_code, frame.f_lasti, None)
             if got is SWEEP:
                 self._maintain()
         if self._watching:
             self._handed_out(handle._buffer)
         return handle
-
-    def _serve(
-        self,
-        bucket: Bucket,
-        n: int,
-        holder: object,
-        code: object,
-        lasti: int,
-        make: MakeHolder | None,
-    ) -> object:
-        """The hand-out when the fast path could not: settle, poll, allocate; then serve."""
-        ledger = self._ledger
-        polled = False
-        while True:
-            got = ledger.serve(bucket, n, holder, code, lasti)
-            if got is SETTLE:
-                self._drain(bucket)
-            elif got is NEEDS_HOLDER and make is not None:
-                top = bucket.free[-1:]  # a hint: attach_holder checks it again
-                if top:
-                    ledger.attach_holder(top[0], *make(top[0], False))
-            elif got is EMPTY:
-                if not polled and ledger.parked_queue:
-                    polled = True
-                    if poll(ledger):
-                        self._drain()
-                        continue
-                fresh = self._new_buffer(bucket, make)
-                return ledger.serve(bucket, n, holder, code, lasti, fresh)
-            else:
-                return got
 
     def _new_buffer(self, bucket: Bucket, make: MakeHolder | None) -> Buffer:
         """A new buffer, outside the lock (pinning can take milliseconds)."""
@@ -255,16 +208,6 @@ class BucketPool:
             if stale is not None:
                 warn(stale, RuntimeWarning)
         buffer.site = _verify.site(self._full_stack)
-
-    def _acquired_at(self, buffer: Buffer, token: int) -> str | None:
-        if token <= 0 or buffer.token != token or buffer.site is None:
-            return None
-        return _verify.format_site(buffer.site)  # type: ignore[arg-type]
-
-    def _arrays(self, buffer: Buffer) -> DescriptorArrays:
-        if buffer.guard:
-            return _guard.guarded_arrays(buffer, buffer.n)
-        return buffer.field_arrays(buffer.n)
 
     # -- the release path ---------------------------------------------------------------------
 
@@ -292,33 +235,6 @@ class BucketPool:
             )
         handle.release()
 
-    def _record(self, buffer: Buffer, event: CompletionEvent) -> None:
-        """Add *event* to the live hand-out's events; drop ones found done (bounded looks)."""
-        # A held buffer's events are a deque (the parked ones' a list of those pending).
-        events = typing.cast("collections.deque[CompletionEvent] | None", buffer.events)
-        if events is None:
-            buffer.events = events = collections.deque()
-        else:
-            for _ in range(min(2, len(events))):  # amortised O(1): each event leaves once
-                oldest = events[0]
-                try:
-                    done = oldest.query()
-                except KeyboardInterrupt:
-                    raise
-                except BaseException:  # not this call's to report: kept, asked at release
-                    done = False
-                events.popleft()
-                if not done:
-                    events.append(oldest)
-        if self._level:
-            current = _verify.checksum(buffer.arrays, buffer.span)
-            earlier = buffer.checksum
-            buffer.checksum = current
-            if earlier is not None and earlier != current and _any_pending(events):
-                events.append(event)
-                raise InFlightWriteError(_verify.in_flight_problem(buffer))
-        events.append(event)
-
     def _drain(self, only: Bucket | None = None) -> None:
         """Take back what waits in the inboxes (all, or *only*'s).
 
@@ -331,13 +247,10 @@ class BucketPool:
 
     def _maintain(self) -> None:
         """Every few acquires: retire finished parked buffers, trim idle buckets."""
-        ledger = self._ledger
-        if ledger.parked_queue:
-            poll(ledger)
+        if self._ledger.parked_queue:
+            poll(self._ledger)
         self._drain()
-        idle = self._settings.idle_trim_acquires
-        if idle:
-            sweep_idle(ledger, idle)
+        sweep_idle(self._ledger, self._settings.idle_trim_acquires)
 
     # -- parked buffers -----------------------------------------------------------------------
 
@@ -374,13 +287,7 @@ class BucketPool:
     ) -> int:
         self._outside(operation)
         self._drain()
-        retired, error = sweep(self._ledger, finished)
-        problems = drain(self._ledger, self._reported)
-        if error is not None:
-            raise error
-        if problems:
-            raise InFlightWriteError(problems[0])
-        return retired
+        return settle_parked(self._ledger, self._reported, finished)
 
     # -- memory -------------------------------------------------------------------------------
 
@@ -394,22 +301,12 @@ class BucketPool:
         """
         self._outside("reserve")
         size = check_count(n, self._max_capacity, "reserve")
-        number = _non_negative("reserve", "count", count)
+        number = check_non_negative_count(count, "reserve: count")
         bucket = self._bucket_for(size)
         self._drain()
-        s = self._settings
-        ledger = self._ledger
-        cached = ledger.cached[bucket.index] + number
-        idle_bytes = ledger.allocated_bytes - ledger.active_bytes + number * bucket.nbytes
-        if number and (cached > s.max_cached_per_bucket or idle_bytes > s.max_cached_bytes):
-            raise ValueError(
-                f"reserve({size}, count={number}) would cache {cached} buffers "
-                f"({idle_bytes:,} bytes) but max_cached_per_bucket="
-                f"{s.max_cached_per_bucket} and max_cached_bytes={s.max_cached_bytes:,}; "
-                "reserve fewer or raise the caps"
-            )
+        check_reserve(self._ledger, bucket, size, number)
         for _ in range(number):
-            ledger.serve(bucket, 0, CACHE, None, 0, self._new_buffer(bucket, None))
+            self._ledger.serve(bucket, 0, CACHE, None, 0, self._new_buffer(bucket, None))
 
     def trim(self, max_bytes: SupportsIndex = 0) -> int:
         """Free cached buffers until at most *max_bytes* stay cached; return bytes freed.
@@ -421,7 +318,7 @@ class BucketPool:
             TypeError, ValueError: *max_bytes* is not an integer, or is negative.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
-        limit = _non_negative("trim", "max_bytes", max_bytes)
+        limit = check_non_negative_count(max_bytes, "trim: max_bytes")
         self._outside("trim")
         self._drain()
         return trim_to(self._ledger, limit)
@@ -445,17 +342,7 @@ class BucketPool:
         """
         self._outside("outstanding")
         self._drain()
-        held = sorted(
-            (b.token, b.n, b.bucket.capacity, b.site) for b in self._ledger.buffers() if b.token > 0
-        )
-        return [
-            OutstandingBuffer(
-                n=n,
-                capacity=capacity,
-                acquired_at=None if where is None else _verify.format_site(where),  # type: ignore[arg-type]
-            )
-            for _, n, capacity, where in held
-        ]
+        return outstanding_of(self._ledger.buffers())
 
     def stats(self) -> PoolStats:
         """Return a consistent snapshot of the counters (see `PoolStats`).  Thread-safe.
@@ -494,80 +381,7 @@ class BucketPool:
         sections: the records may be half-way through a change there.
         """
         if _is_owned():
-            raise _reentered(operation)
-
-    # -- for the compat adapters --------------------------------------------------------------
-
-    def _lease(self, n: SupportsIndex, make: MakeHolder) -> object:
-        """Hand a buffer out to a compat tuple (the one *make* made for it); return the tuple."""
-        if type(n) is not int or n < 0 or n > self._max_capacity:
-            n = check_count(n, self._max_capacity)
-        bucket = self._buckets[(n - 1).bit_length() if n > self._min_capacity else self._min_index]
-        if _is_owned():
-            raise _reentered("acquire")
-        frame = _getframe(2)  # the adapter's caller
-        ledger = self._ledger
-        held = ledger.serve(bucket, n, None, frame.f_code, frame.f_lasti)
-        if type(held) is int:
-            held = self._serve(bucket, n, None, frame.f_code, frame.f_lasti, make)
-        if ledger.tick >= ledger.next_sweep and ledger.claim_sweep():
-            self._maintain()
-        if self._watching:
-            self._handed_out(HELD[id(held)][0])
-        return held
-
-    def _owns(self, tensor: object) -> bool:
-        """Whether *tensor* is a view of one of this pool's buffers (for compat's messages)."""
-        if not isinstance(tensor, torch.Tensor):
-            return False
-        try:
-            address = tensor.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
-            return False
-        return any(buffer.address == address for buffer in self._ledger.buffers())
-
-    def _idle_holders(self, make: MakeHolder) -> list[object]:
-        """The tuples kept with the cached buffers, newest last per bucket (compat's _pool)."""
-        self._outside("_pool")
-        self._drain()
-        ledger = self._ledger
-        holders = []
-        for bucket in self._buckets:
-            for buffer in list(bucket.free):  # read without the lock: a snapshot to look at
-                if buffer.next_holder is None:
-                    ledger.attach_holder(buffer, *make(buffer, False))
-                if buffer.next_holder is not None:
-                    holders.append(buffer.next_holder)
-        return holders
-
-
-def _any_pending(events: typing.Iterable[CompletionEvent]) -> bool:
-    """Whether an earlier event may still be running (one whose query raises may be)."""
-    for event in events:
-        try:
-            if not event.query():
-                return True
-        except KeyboardInterrupt:
-            raise
-        except BaseException:  # not this call's to report: asked again at release
-            return True
-    return False
-
-
-def _non_negative(operation: str, name: str, value: object) -> int:
-    number = as_index(value, f"{operation}: {name}")
-    if number < 0:
-        raise ValueError(f"{operation}: {name} must be >= 0, got {number}")
-    return number
-
-
-def _reentered(operation: str) -> PoolError:
-    return PoolError(
-        f"{operation} was called from a finaliser or signal handler that interrupted this "
-        "thread inside a pool, whose records may be half-way through a change; call "
-        f"{operation} outside finalisers and signal handlers (releases are fine there: they "
-        "are queued)"
-    )
+            raise reentered(operation)
 
 
 _NO_COPY = (

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import attrs
 
-__all__ = ["BucketStats", "OutstandingBuffer", "PoolStats", "Stat", "build_stats"]
+from bucketpool._verify import format_site
+
+__all__ = ["BucketStats", "OutstandingBuffer", "PoolStats", "Stat", "build_stats", "outstanding_of"]
 
 
 @typing.final
@@ -139,7 +141,9 @@ class OutstandingBuffer:
     acquired_at: str | None
 
 
-def build_stats(buckets: Sequence[_Bucket], snapshot: tuple[list[int], ...]) -> PoolStats:
+def build_stats(
+    buckets: Sequence[_Bucket], snapshot: tuple[list[int] | tuple[int, ...], ...]
+) -> PoolStats:
     """Build the records from `Ledger.snapshot`, deriving what the ledger does not keep.
 
     *buckets* are the ledger's buckets, indexed like the snapshot's per-bucket lists.
@@ -204,3 +208,25 @@ class _Bucket(Protocol):
     def capacity(self) -> int: ...
     @property
     def nbytes(self) -> int: ...
+
+
+def outstanding_of(buffers: Iterable[_Held]) -> list[OutstandingBuffer]:
+    """The records of the *buffers* handed out (token > 0), oldest hand-out first."""
+    held = sorted((b.token, b.n, b.bucket.capacity, b.site) for b in buffers if b.token > 0)
+    return [
+        OutstandingBuffer(
+            n=n,
+            capacity=capacity,
+            acquired_at=None if where is None else format_site(where),  # type: ignore[arg-type]
+        )
+        for _, n, capacity, where in held
+    ]
+
+
+class _Held(Protocol):
+    token: int
+    n: int
+    site: object
+
+    @property
+    def bucket(self) -> _Bucket: ...

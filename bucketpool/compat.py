@@ -17,6 +17,7 @@ without the garbage collector.
 
 from __future__ import annotations
 
+import sys
 import typing
 from collections.abc import Iterator
 from typing import NamedTuple, SupportsIndex
@@ -24,11 +25,13 @@ from typing import NamedTuple, SupportsIndex
 import torch
 
 from bucketpool import _fill, _verify
+from bucketpool._buckets import check_count
 from bucketpool._buffer import Buffer
 from bucketpool._errors import ReleaseError
 from bucketpool._ledger import HELD, LEAK
-from bucketpool._lock import inside
+from bucketpool._lock import inside, owned, reentered
 from bucketpool._pool import BucketPool
+from bucketpool._refill import serve_slowly
 from bucketpool._types import CompletionEvent, DescriptorBuffers, IntArray, IntegerInput
 
 __all__ = [
@@ -131,6 +134,7 @@ for _held, _public in (
     _held._public = _public
 
 _Buffers = typing.TypeVar("_Buffers", DescriptorBuffers, AliasedDescriptorBuffers)
+_getframe = sys._getframe
 
 
 class _Adapter(typing.Generic[_Buffers]):
@@ -147,12 +151,30 @@ class _Adapter(typing.Generic[_Buffers]):
     def acquire(self, n: SupportsIndex) -> _Buffers:
         """Return a triple of capacity >= *n* (its bucket's whole capacity).  Thread-safe.
 
+        The pool's acquire path, with the tuple the ledger keeps with the buffer as the
+        holder (see `BucketPool.acquire`).
+
         Raises:
             TypeError: *n* is a bool or not an integer.
             ValueError: *n* is negative or above the pool's ``max_capacity``.
+            PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
-        held = self.pool._lease(n, self._make)
+        pool = self.pool
+        if type(n) is not int or n < 0 or n > pool._max_capacity:
+            n = check_count(n, pool._max_capacity)
+        bucket = pool._buckets[(n - 1).bit_length() if n > pool._min_capacity else pool._min_index]
+        if owned():
+            raise reentered("acquire")
+        frame = _getframe(1)
+        ledger = pool._ledger
+        held = ledger.serve(bucket, n, None, frame.f_code, frame.f_lasti)
+        if type(held) is int:
+            held = serve_slowly(pool, bucket, n, None, frame.f_code, frame.f_lasti, self._make)
+        if ledger.tick >= ledger.next_sweep and ledger.claim_sweep():
+            pool._maintain()
         buffer, _ = HELD[id(held)]
+        if pool._watching:
+            pool._handed_out(buffer)
         if buffer.base._version != buffer.version:
             # A holder changed the views in place: this hand-out gets a tuple of intact ones.
             fresh, fresh_id = self._make(buffer, True)
@@ -239,7 +261,7 @@ class _Adapter(typing.Generic[_Buffers]):
 
     def _refusal(self, bufs: object) -> str:
         name = type(bufs).__name__
-        if type(bufs) is self._held and self.pool._owns(typing.cast("tuple[object]", bufs)[0]):
+        if type(bufs) is self._held and _owned_by(self.pool, typing.cast("tuple[object]", bufs)[0]):
             return (
                 f"release: this {name} was already released (or its buffer was handed out "
                 "again since, as a new tuple); release each acquire() result exactly once"
@@ -251,6 +273,17 @@ class _Adapter(typing.Generic[_Buffers]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} at {id(self):#x} backed by {self.pool!r}>"
+
+
+def _owned_by(pool: BucketPool, tensor: object) -> bool:
+    """Whether *tensor* is a view of one of *pool*'s buffers (for the refusals' messages)."""
+    if not isinstance(tensor, torch.Tensor):
+        return False
+    try:
+        address = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return any(buffer.address == address for buffer in pool._ledger.buffers())
 
 
 @typing.final
@@ -266,7 +299,18 @@ class _IdleBuffers(typing.Generic[_Buffers]):
         self._triple = make
 
     def _snapshot(self) -> list[_Buffers]:
-        return typing.cast("list[_Buffers]", self._pool._idle_holders(self._triple))
+        """The tuples kept with the cached buffers, newest last per bucket."""
+        pool = self._pool
+        pool._outside("_pool")
+        pool._drain()
+        holders = []
+        for bucket in pool._buckets:
+            for buffer in list(bucket.free):  # read without the lock: a snapshot to look at
+                if buffer.next_holder is None:
+                    pool._ledger.attach_holder(buffer, *self._triple(buffer, False))
+                if buffer.next_holder is not None:
+                    holders.append(buffer.next_holder)
+        return typing.cast("list[_Buffers]", holders)
 
     def __len__(self) -> int:
         return len(self._snapshot())

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bucketpool._blocks import BlockPlan, read_block_copies
 from bucketpool._errors import CapacityError
 from bucketpool._fill import (
     DescriptorArrays,
@@ -19,7 +20,7 @@ from bucketpool._fill import (
     write_block_copies,
     write_copies,
 )
-from bucketpool._inputs import BlockPlan, CopyPlan, read_block_copies, read_copies
+from bucketpool._inputs import CopyPlan, read_copies
 from bucketpool.testing import swap_blocks_batch
 
 SENTINEL = 0x5A5A_5A5A_5A5A_5A5A

@@ -153,7 +153,7 @@ def test_case_03_a_with_block_closed_by_gc_inside_the_pool_lock_does_not_deadloc
     def collect_inside_the_lock() -> None:
         with pool._lock:  # as an allocation under the lock in stats() or acquire can do
             gc.collect()
-            queued.append(len(pool._inbox))
+            queued.append(sum(len(b.inbox) for b in pool._buckets))
 
     thread = threading.Thread(target=collect_inside_the_lock, daemon=True)
     gc.collect()

@@ -1,0 +1,55 @@
+"""The slow side of a hand-out: settling what waits, polling parked buffers, allocating.
+
+`BucketPool.acquire` (and the compat adapters' acquire) first tries the ledger's `serve`
+alone; this runs when it could not serve, and loops until it could.  Every step is one of
+the ledger's moves or runs outside the lock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bucketpool._buffer import Bucket
+from bucketpool._ledger import EMPTY, NEEDS_HOLDER, SETTLE
+from bucketpool._parking import poll
+
+if TYPE_CHECKING:
+    from bucketpool._pool import BucketPool, MakeHolder
+
+__all__ = ["serve_slowly"]
+
+
+def serve_slowly(
+    pool: BucketPool,
+    bucket: Bucket,
+    n: int,
+    holder: object,
+    code: object,
+    lasti: int,
+    make: MakeHolder | None,
+) -> object:
+    """Serve *holder* from *bucket* once the fast path could not: settle, poll, allocate.
+
+    Returns what `Ledger.serve` returns for a served hand-out.  *make* makes the tuples of
+    a compat hand-out (None for a handle).
+    """
+    ledger = pool._ledger
+    polled = False
+    while True:
+        got = ledger.serve(bucket, n, holder, code, lasti)
+        if got is SETTLE:
+            pool._drain(bucket)
+        elif got is NEEDS_HOLDER and make is not None:
+            top = bucket.free[-1:]  # a hint: attach_holder checks it again
+            if top:
+                ledger.attach_holder(top[0], *make(top[0], False))
+        elif got is EMPTY:
+            if not polled and ledger.parked_queue:
+                polled = True
+                if poll(ledger):
+                    pool._drain()
+                    continue
+            fresh = pool._new_buffer(bucket, make)  # outside the lock: pinning can be slow
+            return ledger.serve(bucket, n, holder, code, lasti, fresh)
+        else:
+            return got
