@@ -166,6 +166,11 @@ class BufferHandle:
                 pending = [event for event in events if not event.query()] or None
             except BaseException as caught:  # user code: the buffer stays parked; theirs
                 pending, error = list(events), caught
+            if self._token != token or buffer.token != token:  # a query() released it
+                if error is not None:
+                    raise error
+                self.__exit__(exc_type, exc, tb)  # refuses, as for any released handle
+                return
         watching = pool._watching
         if watching:
             buffer.released_at = _verify.site(pool._full_stack)
@@ -248,7 +253,8 @@ class BufferHandle:
                 "record_event needs an object with a query() -> bool method "
                 f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
             )
-        _parking.record(self._live("record_event"), event, self._pool._level > 0)
+        if not _parking.record(self._live("record_event"), event, self._pool._level > 0):
+            self._refuse("record_event")  # an event's query() released this handle
 
     def add_copies(
         self,

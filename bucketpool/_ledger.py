@@ -24,7 +24,8 @@ exception lands before a move or after it.  Each is written once:
 * `settle` -- returning -> cached, parked or freed;
 * `uncache` -- cached -> freed;
 * `step_parked` -- parked -> returning;
-* `attach_holder` -- a cached buffer gets the tuple its next compat hand-out hands out.
+* `attach_holder` -- a cached buffer gets the tuple its next compat hand-out hands out;
+* `end_held` -- held by a compat tuple -> returning.
 
 A token is never used twice, so a mismatch is final: a stale, copied or forged holder
 moves nothing.  Counters that `stats()` can derive are not kept (hits are takes less
@@ -40,6 +41,7 @@ from typing import Final
 
 from bucketpool._buffer import HELD, LEAK, Bucket, Buffer
 from bucketpool._lock import LOCK
+from bucketpool._types import CompletionEvent
 
 __all__ = [
     "CACHE",
@@ -88,35 +90,10 @@ class Ledger:
 
     # A plain __slots__ class: attrs' hooks would cost time on every move.
     __slots__ = (
-        "active",
-        "active_bytes",
-        "active_bytes_peak",
-        "active_peak",
-        "allocated",
-        "allocated_bytes",
-        "allocated_bytes_peak",
-        "allocated_bytes_total",
-        "allocations",
-        "allocations_peak",
-        "allocations_total",
-        "buckets",
-        "cached",
-        "cursor",
-        "leaks",
-        "max_cached_bytes",
-        "max_cached_per_bucket",
-        "misses",
-        "next_sweep",
-        "parked",
-        "parked_bytes",
-        "parked_queue",
-        "plain",
-        "registry",
-        "requested",
-        "sweep_every",
-        "takes",
-        "tick",
-        "verify",
+        *TOTALS,  # the counters, then the records and the settings
+        *("allocated", "buckets", "cached", "cursor", "max_cached_bytes", "misses"),
+        *("max_cached_per_bucket", "next_sweep", "parked", "parked_queue", "plain"),
+        *("registry", "sweep_every", "takes", "verify"),
     )
 
     def __init__(
@@ -364,6 +341,33 @@ class Ledger:
                 return False
             buffer.next_holder = holder
             buffer.next_id = holder_id
+            return True
+
+    def end_held(
+        self,
+        buffer: Buffer,
+        token: int,
+        holder_id: int,
+        pending: list[CompletionEvent] | None,
+        following: tuple[object, int],
+        marks: tuple[object, int | None] | None,
+    ) -> bool:
+        """End the compat hand-out *token* of *buffer* held by the tuple *holder_id*.
+
+        Held -> returning, with the *pending* events, the tuple *following* for the next
+        hand-out and, when the pool watches, the release's site and checksum (*marks*).
+        Returns False, having moved nothing, if that hand-out was over already.
+        """
+        with LOCK:
+            if buffer.token != token or holder_id not in HELD:
+                return False
+            del HELD[holder_id]
+            buffer.next_holder, buffer.next_id = following
+            if marks is not None:
+                buffer.released_at, checksum = marks
+                if checksum is not None:
+                    buffer.checksum = checksum
+            buffer.bucket.inbox += ((buffer, token, pending),)
             return True
 
     # -- maintenance, not moves -----------------------------------------------------------------

@@ -152,19 +152,21 @@ def _ask(
         return False, done, error
 
 
-def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> None:
+def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> bool:
     """(the holder) Add *event* to the live hand-out's events; drop ones found done.
 
-    Each record looks at no more than two earlier events (amortised O(1): each event
-    leaves once).  With *checking* (the debug levels), descriptors changed since the last
-    record while an earlier event may still be running raise `InFlightWriteError`, the
-    event recorded all the same; that costs asking the earlier events only when the
-    descriptors did change.
+    Each record asks no more than two earlier events (amortised O(1): each event leaves
+    once).  With *checking* (the debug levels), descriptors changed since the last record
+    while an earlier event may still be running raise `InFlightWriteError`, the event
+    recorded all the same; that costs asking the earlier events only when the descriptors
+    did change.  Returns False, having recorded nothing, if the hand-out ended while an
+    event's ``query()`` (user code) ran.
     """
+    token = buffer.token
     # A held buffer's events are a deque (a parked buffer's, a list of those pending).
     events = typing.cast("collections.deque[CompletionEvent] | None", buffer.events)
     if events is None:
-        buffer.events = events = collections.deque()
+        events = collections.deque()
     else:
         for _ in range(min(2, len(events))):
             oldest = events[0]
@@ -174,17 +176,27 @@ def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> None:
                 raise
             except BaseException:  # not this call's to report: kept, asked at release
                 done = False
-            events.popleft()
-            if not done:
-                events.append(oldest)
+            # Only the event just asked moves, and only if it is still first (a query()
+            # may have recorded or released): a done one leaves, a pending one goes last.
+            if events and events[0] is oldest:
+                if done:
+                    events.popleft()
+                else:
+                    events.rotate(-1)
+    in_flight = False
     if checking:
         current = _verify.checksum(buffer.arrays, buffer.span)
         earlier = buffer.checksum
+        in_flight = earlier is not None and earlier != current and _any_pending(events)
+    if buffer.token != token:
+        return False
+    if checking:
         buffer.checksum = current
-        if earlier is not None and earlier != current and _any_pending(events):
-            events.append(event)
-            raise InFlightWriteError(_verify.in_flight_problem(buffer))
     events.append(event)
+    buffer.events = events
+    if in_flight:
+        raise InFlightWriteError(_verify.in_flight_problem(buffer))
+    return True
 
 
 def _any_pending(events: Iterable[CompletionEvent]) -> bool:

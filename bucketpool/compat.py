@@ -188,7 +188,8 @@ class _Adapter(typing.Generic[_Buffers]):
         *exclusive*: this thread alone may touch the buffer (its cached views may be used).
         """
         whole: tuple[object, ...] | None = buffer.whole
-        if whole is None:
+        if whole is None or (exclusive and buffer.base._version != buffer.version):
+            # None yet, or a holder changed the views: views_for() repairs them.
             capacity = buffer.bucket.capacity
             # An exact tuple: a tuple subclass is made from one without a copy in between.
             whole = tuple(buffer.views_for(capacity) if exclusive else buffer.cut(capacity))
@@ -233,15 +234,18 @@ class _Adapter(typing.Generic[_Buffers]):
             except BaseException as exc:  # user code: the buffer stays parked; it is theirs
                 pending, error = [event], exc
         pool = self.pool
+        marks = None
         if pool._watching:
+            checksum = None
             if pool._level and pending:
-                buffer.checksum = _verify.checksum(buffer.arrays, buffer.span)
-            buffer.released_at = _verify.site(pool._full_stack)
-        buffer.next_holder, buffer.next_id = self._make(buffer, True)
-        # The release takes effect with this append (the ledger takes the buffer back on the
-        # hand-out's token); the pop then tells which of two releases of one tuple was first.
-        buffer.bucket.inbox.append((buffer, token, pending))
-        if HELD.pop(holder_id, None) is None:
+                checksum = _verify.checksum(buffer.arrays, buffer.span)
+            marks = (_verify.site(pool._full_stack), checksum)
+        # Made while the hand-out lasts, from the views as they are: never the cached
+        # ones, which a racing release could share (the next acquire checks the views).
+        following = self._make(buffer, False)
+        # One move checks the token and ends the hand-out, so that of two releases of one
+        # tuple exactly one takes effect, whatever ran between (the event's query()).
+        if not pool._ledger.end_held(buffer, token, holder_id, pending, following, marks):
             raise ReleaseError(self._refusal(bufs))
         if pool._level:
             pool._drain()

@@ -36,6 +36,7 @@ __all__ = ["install", "installed", "uninstall"]
 
 _CANONICAL_PATH = "vllm.backends.distributed.ec_transfer.ec_connector.cpu.worker.descriptor_buffers"
 _LEGACY_PATH = "vllm.distributed.ec_transfer.ec_connector.cpu.worker.descriptor_buffers"
+_TARGET_PATHS = (_CANONICAL_PATH, _LEGACY_PATH)
 _TENSOR_FIELDS = ("src_ptrs", "dst_ptrs", "sizes")
 _ALIASED_FIELDS = (*_TENSOR_FIELDS, "src_np", "dst_np", "sizes_np")
 _POINTER_DTYPES = (torch.int64, torch.uint64)
@@ -58,12 +59,19 @@ class _Target:
 class _Installed:
     """What `install` did: which objects it swapped, and the modules it rebound them in."""
 
+    target: ModuleType  # vLLM's descriptor-buffers module, which holds this record
     swaps: tuple[tuple[object, object], ...]  # (original, replacement) pairs
     modules: tuple[ModuleType, ...]  # where it rebound names, even if since left sys.modules
 
 
-_lock = threading.Lock()
-_installed: _Installed | None = None
+#: The attribute, on vLLM's descriptor-buffers module, that holds what `install` did there.
+_RECORD = "__bucketpool_installed__"
+
+# `importlib.reload` runs this module again in its own namespace: the lock it had and the
+# record of an install in effect are kept, not replaced (a record is also kept on the vLLM
+# module it patched, which a fresh import of this module finds).
+_lock: threading.Lock = globals().get("_lock") or threading.Lock()
+_installed: _Installed | None = globals().get("_installed")
 
 
 def install() -> None:
@@ -90,19 +98,17 @@ def install() -> None:
     """
     global _installed
     with _lock:
-        if _installed is not None:
+        if _record() is not None:
             return
         target = _find_target()
-        current: object = target.buffers
-        if current is compat.DescriptorBuffers or current is compat.AliasedDescriptorBuffers:
-            return  # put in place by an earlier copy of this module (e.g. after a reload)
         pool, buffers = _adapters(target)
         swaps = ((target.pool, pool), (target.buffers, buffers))
         rebindings = _rebindings(_vllm_modules(target.module), swaps)
         for module, name, replacement in rebindings:
             setattr(module, name, replacement)
         modules = {id(module): module for module, _, _ in rebindings}
-        _installed = _Installed(swaps=swaps, modules=tuple(modules.values()))
+        _installed = _Installed(target.module, swaps, tuple(modules.values()))
+        setattr(target.module, _RECORD, _installed)
 
 
 def uninstall() -> None:
@@ -116,18 +122,40 @@ def uninstall() -> None:
     """
     global _installed
     with _lock:
-        if _installed is None:
+        record = _record()
+        if record is None:
             return
-        reverse = tuple((replacement, original) for original, replacement in _installed.swaps)
-        modules = _vllm_modules(*_installed.modules)
+        reverse = tuple((replacement, original) for original, replacement in record.swaps)
+        modules = _vllm_modules(*record.modules)
         for module, name, original in _rebindings(modules, reverse):
             setattr(module, name, original)
+        delattr(record.target, _RECORD)
         _installed = None
 
 
 def installed() -> bool:
-    """Return whether `install` is in effect in this process."""
-    return _installed is not None
+    """Return whether `install` is in effect in this process.
+
+    True also after ``importlib.reload(bucketpool.vllm)`` or a fresh import of it: the record
+    of what `install` replaced lives on the vLLM module it patched as well.
+    """
+    return _record() is not None
+
+
+def _record() -> _Installed | None:
+    """What `install` did and `uninstall` has not undone, or None.
+
+    The record on vLLM's module is the truth: this module's own reference counts only while
+    that module still holds it (another copy of this module may have uninstalled since).
+    Found from this module's reference, else among the modules already imported; nothing is
+    imported.
+    """
+    candidates = [getattr(sys.modules.get(path), _RECORD, None) for path in _TARGET_PATHS]
+    for record in (_installed, *candidates):
+        # Perhaps made by another copy of this module: an `_Installed` of that copy's class.
+        if record is not None and getattr(record.target, _RECORD, None) is record:
+            return typing.cast("_Installed", record)
+    return None
 
 
 def _find_target() -> _Target:
