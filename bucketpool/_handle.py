@@ -122,11 +122,8 @@ class BufferHandle:
         if token <= 0 or buffer.token != token:
             self._refuse("with")
         if buffer.base._version == buffer.version:
-            try:
-                views = buffer.views[buffer.n]
-            except KeyError:
-                pass
-            else:
+            views = buffer.views.get(buffer.n)
+            if views is not None:
                 buffer.current = views
                 return views
         views = buffer.current = buffer.views_for(buffer.n)

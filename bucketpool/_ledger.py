@@ -176,7 +176,6 @@ class Ledger:
                 if (
                     state is not None
                     or token <= 0  # a parked buffer retiring: settle counts it out
-                    or inbox[-1] is not entry
                     or buffer.token != token
                     or not self.plain
                     or (holder is None and buffer.next_holder is None)
@@ -261,7 +260,8 @@ class Ledger:
                 problem = self.verify(buffer, token, not events)
             del inbox[0]
             leak = None
-            if token > 0:  # a hand-out ends
+            if token > 0:  # a hand-out ends (a dropped holder's views, too)
+                buffer.current = None
                 self.active -= 1
                 self.active_bytes -= nbytes
                 if leaked:

@@ -113,8 +113,9 @@ class BucketPool:
         self._level = DEBUG_LEVELS.index(settings.debug)
         idle = settings.idle_trim_acquires
         # An idle bucket is trimmed at most idle * 5 / 4 acquires after its last use, and the
-        # sweep's cost spreads over a quarter of that.
-        sweep_every = max(1, idle // 4) if idle else 1 << 62
+        # sweep's cost spreads over a quarter of that.  The sweep also takes back what waits
+        # in buckets not asked for since, so it runs with idle trimming off too.
+        sweep_every = max(1, idle // 4) if idle else 256
         self._ledger = ledger = Ledger(
             settings.max_capacity,
             settings.max_cached_bytes,

@@ -7,6 +7,7 @@ The stand-in classes behave like vLLM's: a LIFO pool of NamedTuples of three or 
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -289,21 +290,37 @@ def test_install_finds_the_canonical_module_behind_the_legacy_aliases(build: Bui
     assert legacy_worker.DescriptorBufferPool is tree.pool
 
 
-def test_install_does_not_wrap_its_own_adapters(build: Builder) -> None:
+def test_a_reload_keeps_the_install_true_and_undoable(build: Builder) -> None:
+    # hostile review 3, case 12: a reload used to forget the install, so that installed()
+    # said False, install() did nothing and uninstall() could not put vLLM's classes back.
     tree = build.tree()
     bucketpool_vllm.install()
     replacement = tree.module.DescriptorBufferPool
-    saved = bucketpool_vllm._installed
-    bucketpool_vllm._installed = None  # as after a reload of bucketpool.vllm
-    try:
-        bucketpool_vllm.install()
 
-        assert tree.module.DescriptorBufferPool is replacement
-        assert tree.module.DescriptorBuffers is compat.DescriptorBuffers
-        assert not bucketpool_vllm.installed()
-    finally:
-        bucketpool_vllm._installed = saved
+    importlib.reload(bucketpool_vllm)
+
+    assert bucketpool_vllm.installed()
+    bucketpool_vllm.install()  # does nothing: it does not wrap its own adapters
+    assert tree.module.DescriptorBufferPool is replacement
     bucketpool_vllm.uninstall()
+    assert not bucketpool_vllm.installed()
+    assert_untouched(tree)
+
+
+def test_a_fresh_import_finds_the_install_on_vllms_module(
+    build: Builder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = build.tree()
+    bucketpool_vllm.install()
+    monkeypatch.delitem(sys.modules, "bucketpool.vllm")
+
+    fresh = importlib.import_module("bucketpool.vllm")
+
+    assert fresh is not bucketpool_vllm
+    assert fresh.installed()
+    fresh.uninstall()
+    assert not fresh.installed()
+    assert not bucketpool_vllm.installed()
     assert_untouched(tree)
 
 
