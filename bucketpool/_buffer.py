@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["HELD", "LEAK", "VIEW_SETS", "Bucket", "Buffer", "Entry", "Views"]
 
 #: View sets cached per buffer, one per recent n.  Chosen by measurement (see the
-#: benchmark's log-uniform traces and the README's memory notes).
+#: benchmark's log-uniform traces; the trade is in docs/design.md, "The view cache").
 VIEW_SETS = 16
 
 _empty = torch.empty  # bound at import: a test that patches torch.empty does not reach us

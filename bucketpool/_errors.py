@@ -36,7 +36,8 @@ class InFlightWriteError(PoolError):
     """Descriptors were rewritten while a recorded copy could still read them.
 
     Raised (debug levels) from the owner's `record_event` when an earlier copy is still in
-    flight, or from its `release`, `collect` or `synchronize` when the events retire.
+    flight, or from `collect` or `synchronize` when a parked buffer's events retire; an
+    unrelated operation that retires it warns (`RuntimeWarning`) instead.
     """
 
 

@@ -55,13 +55,16 @@ class BufferHandle:
 
     def __del__(self) -> None:
         try:
-            buffer, token, pool = self._buffer, self._token, self._pool
+            token = self._token
         except AttributeError:  # never handed out
             return
-        if token > 0 and buffer.token == token:  # dropped while it held the buffer
+        if token <= 0:  # released (the common case: nothing more to read)
+            return
+        buffer = self._buffer
+        if buffer.token == token:  # dropped while it held the buffer
             buffer.bucket.inbox.append((buffer, token, LEAK))  # from here on the pool has it
             if not inside():  # never wait for the lock from inside it
-                pool._drain()
+                self._pool._drain()
 
     # -- what the holder sees ------------------------------------------------------------
 
