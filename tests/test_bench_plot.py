@@ -1,4 +1,4 @@
-"""``--plot`` draws a PNG of a tiny run (what it shows is checked by eye, see the README)."""
+"""``--plot`` draws a PNG of a tiny run (what it shows is checked by eye)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_every_target_names_a_known_case() -> None:
 
 @pytest.mark.parametrize("trace", [*TRACE_NAMES, "replay:x.trace"])
 def test_every_trace_promises_no_slowdown_and_aims_for_cheap_compat(trace: str) -> None:
-    kind = "goal" if trace == "ramp" else "promise"  # see the ramp's own test
+    kind: Kind = "goal" if trace == "ramp" else "promise"  # see the ramp's own test
     (speed,) = [s for s in specs_for(trace, "bucketpool/original", kind) if s.limit == 1.0]
     assert speed.op == "<="
     (goal,) = specs_for(trace, "compat/original", "goal")

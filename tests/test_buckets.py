@@ -1,3 +1,5 @@
+"""Bucket arithmetic: powers of two, the smallest bucket for n, and the checks on counts."""
+
 from __future__ import annotations
 
 import numpy as np

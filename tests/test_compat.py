@@ -1,19 +1,24 @@
+"""The drop-in adapters of `bucketpool.compat`: vLLM's tuples, with the pool's rules."""
+
 from __future__ import annotations
 
 import copy
 import gc
 import pickle
+import sys
+import types
 import typing
 from collections.abc import Callable
+from typing import Any
 from unittest import mock
 
 import numpy as np
 import pytest
 import torch
-from _events import FlagEvent
+from _events import DeviceError, FlagEvent, ScriptedEvent
 
 import bucketpool
-from bucketpool import ReleaseError
+from bucketpool import DebugLevel, ReleaseError
 from bucketpool.compat import (
     AliasedDescriptorBufferPool,
     AliasedDescriptorBuffers,
@@ -146,6 +151,23 @@ def test_release_with_event_defers_reuse() -> None:
     event.done = True
     assert pool.pool.collect() == 1
     pool.release(other)
+
+
+def test_release_with_a_raising_event_loses_nothing() -> None:
+    """Issue 10, case 10: compat release(bufs, event=ev) with a raising query lost the buffer."""
+    adapter = DescriptorBufferPool()
+    bufs = adapter.acquire(8)
+    event = ScriptedEvent(DeviceError("once"), after=True)
+    with pytest.raises(DeviceError):
+        adapter.release(bufs, event=event)
+    stats = adapter.pool.stats()
+    assert (stats.active_requests.current, stats.parked) == (0, 1)
+    with pytest.raises(ReleaseError, match="already released"):
+        adapter.release(bufs)  # the release took effect: a retry is a double release
+    assert adapter.pool.collect() == 1
+    again = adapter.acquire(8)  # back, and handed out again, as a new tuple
+    assert again.src_ptrs.data_ptr() == bufs.src_ptrs.data_ptr()
+    adapter.release(again)
 
 
 def test_bad_event_keeps_the_buffers_acquired() -> None:
@@ -357,3 +379,93 @@ def test_a_deep_copy_of_the_six_fields_keeps_its_aliases() -> None:
     assert int(dup.src_ptrs[0]) == 7  # its numpy fields alias its own tensors
     assert dup.src_ptrs.data_ptr() != bufs.src_ptrs.data_ptr()
     pool.release(bufs)
+
+
+# Issue 18 (the third hostile review), case 6.
+def test_a_compat_release_that_loses_to_a_second_release_changes_nothing() -> None:
+    compat = DescriptorBufferPool()
+    bufs = compat.acquire(8)
+    taken: list[DescriptorBuffers] = []
+
+    class Racing:
+        """An event whose first look lets a second release of the same tuple win."""
+
+        @property
+        def query(self) -> Callable[[], bool]:
+            if not taken:
+                compat.release(bufs)
+                taken.append(compat.acquire(8))  # the same buffer, handed out again
+            return lambda: False
+
+    with pytest.raises(ReleaseError):
+        compat.release(bufs, event=Racing())
+    (new,) = taken
+    assert new[0].data_ptr() == bufs[0].data_ptr()
+    compat.release(new)  # still the new holder's: no foreign event parked it
+    assert compat.pool.stats().parked == 0
+    assert compat.pool.stats().active_requests.current == 0
+
+
+def _race_at_line(line: int) -> bool:
+    """Release a compat tuple while, before its *line*th line, a second release wins.
+
+    The second release of the same tuple (and an acquire of the freed buffer) runs where
+    another thread could have run it.  Returns False once the release has fewer lines.
+    """
+    release_code = DescriptorBufferPool.release.__code__
+    compat = DescriptorBufferPool()
+    bufs = compat.acquire(8)
+    event = FlagEvent()
+    outcome: list[str] = []
+    acquired: list[DescriptorBuffers] = []
+    seen = [0]
+
+    def at_line(frame: types.FrameType, what: str, arg: object) -> Any:
+        if what == "line":
+            seen[0] += 1
+            if seen[0] == line and not outcome:
+                sys.settrace(None)
+                try:
+                    compat.release(bufs)
+                    outcome.append("second won")
+                except ReleaseError:
+                    outcome.append("second refused")
+                acquired.append(compat.acquire(8))
+        return at_line
+
+    def tracer(frame: types.FrameType, what: str, arg: object) -> Any:
+        return at_line if frame.f_code is release_code else None
+
+    sys.settrace(tracer)
+    try:
+        compat.release(bufs, event=event)
+        first = "first won"
+    except ReleaseError:
+        first = "first refused"
+    finally:
+        sys.settrace(None)
+    if not outcome:
+        return False
+    (second,), (new,) = outcome, acquired
+    assert sorted([first, second]) in (
+        ["first won", "second refused"],
+        ["first refused", "second won"],
+    ), line
+    event.done = True  # the first's event, if it parked the buffer, completes
+    compat.release(new)  # the new holder's own release works
+    assert compat.pool.stats().active_requests.current == 0, line
+    return True
+
+
+# Issue 18 (the third hostile review), case 6.
+@pytest.mark.parametrize("level", ["off", "checks"])
+def test_a_second_compat_release_winning_at_any_line_leaves_one_holder(
+    level: DebugLevel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Exactly one of two releases of one tuple takes effect, wherever the second lands, and
+    # the buffer's next hand-out is its new holder's alone.
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", level)
+    line = 1
+    while _race_at_line(line):
+        line += 1
+    assert line > 5  # the release's lines were stepped through

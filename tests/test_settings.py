@@ -1,3 +1,5 @@
+"""Settings: the record, its validators, the environment, and the pool's constructor."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from bucketpool import _settings
+from bucketpool import BucketPool, _settings
 from bucketpool._settings import (
     CONF_VARIABLE,
     DEBUG_VARIABLE,
@@ -304,3 +306,80 @@ def test_module_constants() -> None:
         "device",
         "pin_memory",
     }
+
+
+# --- the pool's constructor and its settings ------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float64, torch.uint8])
+def test_bad_dtype(dtype: torch.dtype) -> None:
+    with pytest.raises(TypeError, match=r"dtype must be torch.int64 or torch.uint64 \(XPU"):
+        BucketPool(dtype=dtype)
+
+
+@pytest.mark.parametrize("device", ["cuda", "meta", torch.device("cuda:1")])
+def test_non_host_device(device: str | torch.device) -> None:
+    with pytest.raises(ValueError, match=r"device must be the CPU.*use device='cpu'"):
+        BucketPool(device=device)
+
+
+def test_unknown_device() -> None:
+    with pytest.raises(ValueError, match="is not a torch device"):
+        BucketPool(device="floppy")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without an accelerator")
+def test_pinning_without_accelerator_fails_at_construction() -> None:
+    with pytest.raises(RuntimeError, match="pin_memory=True needs an accelerator"):
+        BucketPool(pin_memory=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"min_capacity": 3}, ValueError, "min_capacity must be a power of two"),
+        ({"max_capacity": 1000}, ValueError, "max_capacity must be a power of two"),
+        (
+            {"min_capacity": 64, "max_capacity": 32},
+            ValueError,
+            "min_capacity=64 is above max_capacity=32",
+        ),
+        ({"max_cached_bytes": -1}, ValueError, "max_cached_bytes must be >= 0"),
+        ({"max_cached_per_bucket": -2}, ValueError, "max_cached_per_bucket must be >= 0"),
+        ({"idle_trim_acquires": 1.5}, TypeError, "idle_trim_acquires must be an int"),
+        ({"debug": "loud"}, ValueError, "is not a debug level; use one of off, checks, strict"),
+        ({"pin_memory": 1}, TypeError, "pin_memory must be True or False"),
+    ],
+)
+def test_bad_options(options: dict[str, object], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        BucketPool(**options)  # type: ignore[arg-type]
+
+
+def test_min_capacity_sets_the_smallest_bucket() -> None:
+    pool = BucketPool(min_capacity=256)
+    handle = pool.acquire(0)
+    assert handle.capacity == 256
+    assert handle.buffers.src_ptrs.numel() == 0
+    handle.release()
+    assert pool.bucket_capacity(300) == 512
+
+
+def test_positional_options_are_refused() -> None:
+    with pytest.raises(TypeError):
+        BucketPool(torch.int64)  # type: ignore[call-arg]
+
+
+def test_settings_are_read_only_and_resolved() -> None:
+    pool = BucketPool(max_capacity=1024, debug="checks")
+    settings = pool.settings
+    assert (settings.max_capacity, settings.debug, settings.dtype) == (
+        1024,
+        "checks",
+        torch.int64,
+    )
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        settings.max_capacity = 2048  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        pool.settings = settings  # type: ignore[misc]
+    assert not hasattr(pool, "max_capacity")

@@ -1,3 +1,5 @@
+"""`bucketpool.testing`: the host reference swap_blocks_batch, and assert_no_outstanding."""
+
 from __future__ import annotations
 
 import gc

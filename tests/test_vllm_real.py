@@ -30,7 +30,7 @@ from bucketpool import vllm as bucketpool_vllm
 
 pytestmark = pytest.mark.skipif(
     standin.vllm_locations() is None,
-    reason="vLLM is not importable; see the README to run this against a downloaded wheel",
+    reason="vLLM is not importable; see docs/development.md to run this against a downloaded wheel",
 )
 
 HIDDEN = 8

@@ -1,4 +1,4 @@
-"""Stateful, multithreaded and event-driven stress tests of `BucketPool`'s buffer lifecycle."""
+"""A stateful model of the pool (hypothesis): random lifecycles, checked after every step."""
 
 from __future__ import annotations
 
@@ -9,20 +9,32 @@ import gc
 import itertools
 import os
 import pickle
-import queue
-import signal
-import sys
-import threading
-import time
+import typing
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, TypeAlias
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
+from _events import DeviceError, FlipEvent, NoQuery, RaisingEvent, WaitableFlipEvent
+from _helpers import (
+    ENTRY_BYTES,
+    FIELDS,
+    Pattern,
+    bucket_map,
+    check_stats_consistent,
+    exit_child,
+    field_addresses,
+    fork,
+    has_pattern,
+    make_pattern,
+    suspended_in_with,
+    wait_for_child,
+    write_pattern,
+)
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -37,182 +49,16 @@ from bucketpool import (
     BucketPool,
     BucketStats,
     BufferHandle,
+    DebugLevel,
     DescriptorBuffers,
     PoolStats,
     ReleaseError,
-    Stat,
 )
 
-DebugLevel: TypeAlias = Literal["off", "checks", "strict"]
-DEBUG_LEVELS: tuple[DebugLevel, ...] = ("off", "checks", "strict")
-U64Array: TypeAlias = npt.NDArray[np.uint64]
-Pattern: TypeAlias = tuple[U64Array, U64Array, U64Array]
+DEBUG_LEVELS: tuple[DebugLevel, ...] = typing.get_args(DebugLevel)
 
-ENTRY_BYTES = 8
-FIELDS = 3
-MAX_N = 1 << 10
-_INDEX = np.arange(MAX_N + 1, dtype=np.uint64)
+
 _keys = itertools.count(1)
-
-
-# -- canaries ------------------------------------------------------------------------------
-
-
-def make_pattern(key: int, n: int) -> Pattern:
-    """Return the canary of handle *key*: every entry of every field names the handle.
-
-    The source pointers have the top bit set, so that an int64 pool stores them as their
-    uint64 bit pattern, as it does for real device addresses.
-    """
-    assert 0 <= key < 1 << 32
-    idx = _INDEX[:n]
-    src = np.uint64((0xA5 << 56) | (key << 24)) + idx
-    dst = ~src
-    sizes = idx * np.uint64(8) + np.uint64(key & 0xFFFF)
-    return src, dst, sizes
-
-
-def write_pattern(arrays: Sequence[npt.NDArray[Any]], pattern: Pattern) -> None:
-    for array, values in zip(arrays, pattern, strict=True):
-        array.view(np.uint64)[:] = values
-
-
-def has_pattern(arrays: Sequence[npt.NDArray[Any]], pattern: Pattern) -> bool:
-    return all(
-        np.array_equal(array.view(np.uint64), values)
-        for array, values in zip(arrays, pattern, strict=True)
-    )
-
-
-def field_addresses(arrays: Sequence[npt.NDArray[Any]]) -> tuple[int, int, int]:
-    """Base addresses of the three fields (numpy keeps them for n == 0, torch reports 0)."""
-    src, dst, sizes = (int(array.ctypes.data) for array in arrays)
-    return src, dst, sizes
-
-
-# -- events the tests control ---------------------------------------------------------------
-
-
-class FlipEvent:
-    """A completion event whose ``query()`` reports what the test last set."""
-
-    __slots__ = ("done",)
-
-    def __init__(self, done: bool = False) -> None:
-        self.done = done
-
-    def query(self) -> bool:
-        return self.done
-
-    @property
-    def settled(self) -> bool:
-        """Whether ``query()`` reports done now, without raising."""
-        return self.done
-
-    @property
-    def raising(self) -> bool:
-        """Whether the next ``query()`` raises."""
-        return False
-
-    def finish(self) -> None:
-        """Complete the copy (and, for a failing event, recover the device)."""
-        self.done = True
-
-
-class DeviceError(RuntimeError):
-    """What a failing event's ``query()`` raises."""
-
-
-class RaisingEvent(FlipEvent):
-    """An event whose ``query()`` raises *raises* times (-1: until finished), then reports."""
-
-    __slots__ = ("raises",)
-
-    def __init__(self, done: bool = False, raises: int = 1) -> None:
-        super().__init__(done)
-        self.raises = raises
-
-    def query(self) -> bool:
-        if self.raises:
-            self.raises -= self.raises > 0
-            raise DeviceError("query failed: device lost")
-        return self.done
-
-    @property
-    def settled(self) -> bool:
-        return self.done and not self.raises
-
-    @property
-    def raising(self) -> bool:
-        return self.raises != 0
-
-    def finish(self) -> None:
-        self.done = True
-        self.raises = 0
-
-
-class WaitableFlipEvent(FlipEvent):
-    """A `FlipEvent` whose ``synchronize()`` completes it, as a device wait would."""
-
-    __slots__ = ()
-
-    def synchronize(self) -> None:
-        self.done = True
-
-
-class NoQuery:
-    """Not an event: ``query`` is missing."""
-
-
-# -- stats helpers ---------------------------------------------------------------------------
-
-
-def bucket_map(stats: PoolStats) -> dict[int, BucketStats]:
-    return {bucket.capacity: bucket for bucket in stats.buckets}
-
-
-def check_stats_consistent(stats: PoolStats, *, max_cached_bytes: int, per_bucket: int) -> None:
-    """Invariants any snapshot satisfies, whatever happened before, from any thread."""
-    stats_fields: Iterable[Stat] = (
-        stats.allocations,
-        stats.allocated_bytes,
-        stats.active_requests,
-        stats.active_bytes,
-    )
-    for stat in stats_fields:
-        assert min(stat.current, stat.peak, stat.allocated, stat.freed) >= 0, stat
-        assert stat.allocated - stat.freed == stat.current, stat
-        assert stat.peak >= stat.current, stat
-    assert min(stats.cached_bytes, stats.parked_bytes, stats.parked, stats.hits) >= 0
-    assert min(stats.misses, stats.requested_entries, stats.rounded_entries) >= 0
-    capacities = [bucket.capacity for bucket in stats.buckets]
-    assert capacities == sorted(set(capacities))
-    for bucket in stats.buckets:
-        assert min(bucket.hits, bucket.misses, bucket.cached, bucket.active, bucket.parked) >= 0
-        assert bucket.cached <= per_bucket, bucket
-    nbytes = {bucket.capacity: bucket.capacity * ENTRY_BYTES * FIELDS for bucket in stats.buckets}
-    b = stats.buckets
-    assert stats.allocations.current == sum(x.active + x.cached + x.parked for x in b)
-    assert stats.allocated_bytes.current == sum(
-        (x.active + x.cached + x.parked) * nbytes[x.capacity] for x in b
-    )
-    assert stats.active_requests.current == sum(x.active for x in b)
-    assert stats.active_bytes.current == sum(x.active * nbytes[x.capacity] for x in b)
-    assert stats.cached_bytes == sum(x.cached * nbytes[x.capacity] for x in b)
-    assert stats.cached_bytes <= max_cached_bytes
-    assert stats.parked == sum(x.parked for x in b)
-    assert stats.parked_bytes == sum(x.parked * nbytes[x.capacity] for x in b)
-    assert stats.hits == sum(x.hits for x in b)
-    assert stats.misses == sum(x.misses for x in b)
-    assert stats.active_requests.allocated == stats.hits + stats.misses
-    assert stats.rounded_entries == sum((x.hits + x.misses) * x.capacity for x in b)
-    assert stats.rounded_entries >= stats.requested_entries
-    # Every allocation is a miss or a reservation, never fewer than the misses.
-    assert stats.allocations.allocated >= stats.misses
-    assert str(stats)
-
-
-# -- 1. the stateful model -------------------------------------------------------------------
 
 
 @attrs.define(eq=False)
@@ -639,7 +485,7 @@ class PoolMachine(RuleBasedStateMachine):
         cycle: list[object] = []
         gc.disable()  # nothing collects (or promotes) the cycle before the collection below
         try:
-            suspended = _suspended_in_with(self.pool, n, cycle)
+            suspended = suspended_in_with(self.pool, n, cycle)
             next(suspended)
             cycle.append(suspended)  # generator -> frame -> cycle -> generator
             del suspended, cycle  # only the cycle holds it now
@@ -663,16 +509,10 @@ class PoolMachine(RuleBasedStateMachine):
         before = self.pool.stats()
         live = [(t.n, t.capacity) for t in self.live]
         taken = {t.addresses[0] for t in self.live + self.pending}
-        pid = os.fork()
+        pid = fork()
         if pid == 0:  # the child: report by exit code only, never return into pytest
-            code = 3
-            try:
-                signal.alarm(20)
-                code = _check_forked_pool(self.pool, live, taken)
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, "the forked child's pool failed"
+            exit_child(lambda: _check_forked_pool(self.pool, live, taken), alarm=20)
+        assert wait_for_child(pid) == 0, "the forked child's pool failed"
         self.expect_unchanged(before)
 
     def do_release(self, tracked: Tracked, through_pool: bool) -> None:
@@ -771,33 +611,28 @@ class PoolMachine(RuleBasedStateMachine):
         self.forget_free_order()
 
     @precondition(lambda self: self.pending or self.done)
-    @rule()
-    def synchronize(self) -> None:
-        # Plain events can only be polled: complete them as a device would, eventually.
-        # Waitable ones are completed by the pool's call to their synchronize().
+    @rule(polls=st.integers(1, 3))
+    def synchronize(self, polls: int) -> None:
         # Waitable events are completed by the pool's call to their synchronize(); plain
-        # ones only by the "device", a moment later, so that the pool must poll them.
+        # ones by the "device" only once the pool has asked them *polls* more times, so
+        # that the pool must keep polling them, however fast or slow the machine is.
         events = [e for t in self.pending for e in t.events if not e.done]
         polled = [e for e in events if type(e) is not WaitableFlipEvent]
-
-        def device() -> None:
-            for event in polled:
-                event.done = True
-
+        for event in polled:
+            event.finish_after(polls)
         self.refresh_pending()
         failing = [t for t in self.pending if t.raising]
-        timer = threading.Timer(0.002, device)
-        timer.start()
-        try:
-            if failing:
-                # Every event is waited for, so each failing one raises; the first error
-                # reaches the caller and those buffers stay parked.
-                with pytest.raises(DeviceError):
-                    self.pool.synchronize()
-            else:
+        if failing:
+            # Every event is waited for, so each failing one raises; the first error
+            # reaches the caller and those buffers stay parked.
+            with pytest.raises(DeviceError):
                 self.pool.synchronize()
-        finally:
-            timer.join()
+        else:
+            self.pool.synchronize()
+        # Every event of a buffer that did not fail was waited for to the end.
+        assert all(e.done for t in self.pending if t not in failing for e in t.events)
+        for event in polled:
+            event.done = True  # the failing buffers' copies end on the device all the same
         assert all(event.done for event in events)
         retired = [t for t in self.done + self.pending if t not in failing]
         for capacity in {t.capacity for t in retired}:
@@ -984,12 +819,6 @@ class PoolMachine(RuleBasedStateMachine):
         self.live = []
 
 
-def _suspended_in_with(pool: BucketPool, n: int, cycle: list[object]) -> Iterator[None]:
-    with pool.acquire(n) as bufs:
-        cycle.append(bufs)
-        yield
-
-
 def _check_forked_pool(pool: BucketPool, live: list[tuple[int, int]], taken: set[int]) -> int:
     """(in a forked child) Return 0 if *pool* is consistent and works, else a failure code."""
     try:
@@ -1020,341 +849,3 @@ PoolMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestPoolMachine = PoolMachine.TestCase
-
-
-# -- 2. threads --------------------------------------------------------------------------------
-
-THREADS = 8
-ACQUIRES_PER_THREAD = 12_500  # 100,000 acquires (and as many releases) in all
-COUNTS = (0, 1, 3, 4, 5, 8, 9, 16, 17, 31, 33, 64, 100)
-
-
-@attrs.define(eq=False)
-class InFlight:
-    """A handle travelling between threads, with the canary it must still hold."""
-
-    handle: BufferHandle = attrs.field(repr=False)
-    pattern: Pattern = attrs.field(repr=False)
-    owner: int
-
-
-@pytest.fixture
-def frequent_thread_switches() -> Iterator[None]:
-    """Switch threads every 0.1 ms instead of 5 ms, so that races get their chance."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(interval)
-
-
-def run_threads(
-    targets: Sequence[Callable[[], None]], pool: BucketPool, timeout: float = 120.0
-) -> list[str]:
-    """Run *targets* on threads started together; return the errors they raised.
-
-    Meanwhile another thread checks that every `BucketPool.stats` snapshot is consistent.
-    """
-    errors: list[str] = []
-    running = threading.Event()
-    running.set()
-    snapshots = 0
-
-    def monitor() -> None:
-        nonlocal snapshots
-        try:
-            while running.is_set():
-                check_stats_consistent(
-                    pool.stats(),
-                    max_cached_bytes=pool.settings.max_cached_bytes,
-                    per_bucket=pool.settings.max_cached_per_bucket,
-                )
-                snapshots += 1
-                time.sleep(0.001)
-        except BaseException as error:
-            errors.append(f"monitor: {error!r}")
-
-    watcher = threading.Thread(target=monitor, name="monitor", daemon=True)
-    watcher.start()
-    barrier = threading.Barrier(len(targets))
-
-    def wrap(target: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                barrier.wait()
-                target()
-            except BaseException as error:
-                errors.append(f"{threading.current_thread().name}: {error!r}")
-
-        return run
-
-    threads = [
-        threading.Thread(target=wrap(target), name=f"stress-{i}", daemon=True)
-        for i, target in enumerate(targets)
-    ]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    running.clear()
-    watcher.join(10)
-    stuck = [thread.name for thread in [*threads, watcher] if thread.is_alive()]
-    assert not stuck, f"threads still running after {timeout} s (deadlock?): {stuck}"
-    assert snapshots > 0
-    return errors
-
-
-def check_final_stats(pool: BucketPool, acquires: int) -> None:
-    stats = pool.stats()
-    check_stats_consistent(
-        stats,
-        max_cached_bytes=pool.settings.max_cached_bytes,
-        per_bucket=pool.settings.max_cached_per_bucket,
-    )
-    assert stats.active_requests.current == 0
-    assert stats.active_bytes.current == 0
-    assert all(bucket.active == 0 for bucket in stats.buckets)
-    assert stats.hits + stats.misses == acquires
-    assert stats.active_requests.allocated == stats.active_requests.freed == acquires
-    assert stats.allocations.current == sum(b.cached + b.parked for b in stats.buckets)
-    assert stats.parked == 0
-    assert pool.outstanding() == []
-
-
-def threads_pool() -> BucketPool:
-    """Small caps, so that the threads also race on eviction and idle trimming."""
-    return BucketPool(
-        min_capacity=4,
-        max_capacity=1024,
-        max_cached_per_bucket=4,
-        max_cached_bytes=16_384,
-        idle_trim_acquires=64,
-    )
-
-
-@pytest.mark.usefixtures("frequent_thread_switches")
-def test_threads_hand_off_handles_without_corruption() -> None:
-    pool = threads_pool()
-    inboxes: list[queue.Queue[InFlight]] = [queue.Queue() for _ in range(THREADS)]
-    corrupted: list[str] = []
-
-    def worker(me: int) -> Callable[[], None]:
-        outbox = inboxes[(me + 1) % THREADS]
-        inbox = inboxes[me]
-
-        def run() -> None:
-            for seq in range(ACQUIRES_PER_THREAD):
-                n = COUNTS[(seq * 7 + me) % len(COUNTS)]
-                pattern = make_pattern((me << 20) | seq, n)
-                if seq % 8 == 0:  # now and then a with block on one thread
-                    with pool.acquire(n) as bufs:
-                        arrays = [tensor.numpy() for tensor in bufs]
-                        write_pattern(arrays, pattern)
-                        if not has_pattern(arrays, pattern):
-                            corrupted.append(f"thread {me} seq {seq} n={n}")
-                        del arrays
-                    continue
-                handle = pool.acquire(n)
-                write_pattern(handle.arrays, pattern)
-                outbox.put(InFlight(handle, pattern, me))
-                received = inbox.get(timeout=30)
-                assert received.owner != me
-                if not has_pattern(received.handle.arrays, received.pattern):
-                    corrupted.append(f"thread {me}: a handle of thread {received.owner}")
-                received.handle.release()
-
-        return run
-
-    start = time.perf_counter()
-    errors = run_threads([worker(i) for i in range(THREADS)], pool)
-    elapsed = time.perf_counter() - start
-    assert errors == []
-    assert corrupted == []
-    assert all(inbox.empty() for inbox in inboxes)
-    check_final_stats(pool, THREADS * ACQUIRES_PER_THREAD)
-    print(f"{THREADS * ACQUIRES_PER_THREAD:,} acquires across {THREADS} threads: {elapsed:.2f} s")
-
-
-@pytest.mark.usefixtures("frequent_thread_switches")
-def test_threads_never_reuse_a_parked_buffer() -> None:
-    pool = threads_pool()
-    lock = threading.Lock()
-    in_flight: Counter[int] = Counter()  # address -> parked buffers there (must stay 0 or 1)
-    to_complete: queue.Queue[tuple[FlipEvent, tuple[npt.NDArray[Any], ...], Pattern, int] | None]
-    to_complete = queue.Queue()
-    inboxes: list[queue.Queue[InFlight]] = [queue.Queue() for _ in range(THREADS)]
-    problems: list[str] = []
-    parked_seen = 0
-
-    def worker(me: int) -> Callable[[], None]:
-        outbox = inboxes[(me + 1) % THREADS]
-        inbox = inboxes[me]
-
-        def run() -> None:
-            nonlocal parked_seen
-            for seq in range(ACQUIRES_PER_THREAD):
-                n = COUNTS[(seq * 5 + me) % len(COUNTS)]
-                handle = pool.acquire(n)
-                address = int(handle.arrays[0].ctypes.data)
-                with lock:
-                    if in_flight[address]:
-                        problems.append(f"thread {me} got a parked buffer at {address:#x}")
-                pattern = make_pattern((me << 20) | seq, n)
-                write_pattern(handle.arrays, pattern)
-                outbox.put(InFlight(handle, pattern, me))
-                received = inbox.get(timeout=30)
-                arrays = received.handle.arrays
-                if not has_pattern(arrays, received.pattern):
-                    problems.append(f"thread {me}: canary of thread {received.owner} changed")
-                if seq % 3:
-                    received.handle.release()
-                    continue
-                # "Upload" the descriptors, record the end event, release: parked.
-                event = FlipEvent(done=seq % 9 == 0)  # some are done already
-                received.handle.record_event(event)
-                address = int(arrays[0].ctypes.data)
-                if not event.done:
-                    with lock:
-                        in_flight[address] += 1
-                        parked_seen += 1
-                received.handle.release()
-                if not event.done:
-                    to_complete.put((event, tuple(arrays), received.pattern, address))
-
-        return run
-
-    def completer() -> None:
-        """The device: completes events in order, a while after they were recorded."""
-        window: list[tuple[FlipEvent, tuple[npt.NDArray[Any], ...], Pattern, int]] = []
-        finished = False
-        while not finished or window:
-            item = None if finished else to_complete.get(timeout=60)
-            if item is None:
-                finished = True
-            else:
-                window.append(item)
-            if len(window) > 24 or (finished and window):
-                event, arrays, pattern, address = window.pop(0)
-                if not has_pattern(arrays, pattern):
-                    problems.append(f"a parked buffer at {address:#x} was written in flight")
-                with lock:
-                    in_flight[address] -= 1
-                event.done = True
-
-    completer_thread = threading.Thread(target=completer, name="completer", daemon=True)
-    completer_thread.start()
-    start = time.perf_counter()
-    errors = run_threads([worker(i) for i in range(THREADS)], pool)
-    to_complete.put(None)
-    completer_thread.join(60)
-    elapsed = time.perf_counter() - start
-    assert not completer_thread.is_alive()
-    assert errors == []
-    assert problems == []
-    assert parked_seen > 1_000
-    assert all(count == 0 for count in in_flight.values())
-    retired = pool.collect()
-    assert retired <= parked_seen
-    check_final_stats(pool, THREADS * ACQUIRES_PER_THREAD)
-    print(f"{parked_seen:,} parked of {THREADS * ACQUIRES_PER_THREAD:,} acquires: {elapsed:.2f} s")
-
-
-# -- 3. a real torch.Event on a CPU-only build -----------------------------------------------
-
-
-def test_unrecorded_torch_event_does_not_park() -> None:
-    pool = BucketPool(min_capacity=4, max_capacity=1024, idle_trim_acquires=0)
-    event = torch.Event(device="cpu")
-    assert event.query()  # never recorded: reports done
-    handle = pool.acquire(100)
-    address = handle.buffers.src_ptrs.data_ptr()
-    handle.record_event(event)
-    pool.release(handle)
-    stats = pool.stats()
-    assert stats.parked == 0
-    assert bucket_map(stats)[128].cached == 1
-    again = pool.acquire(128)
-    try:
-        assert again.buffers.src_ptrs.data_ptr() == address
-        assert pool.stats().hits == 1
-    finally:
-        again.release()
-    assert pool.outstanding() == []
-
-
-# -- 4. a real device ------------------------------------------------------------------------
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_pinned_buffer_parks_until_upload_completes() -> None:
-    pool = BucketPool(pin_memory=True, idle_trim_acquires=0, debug="off")
-    n = 1_000
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    handles: list[BufferHandle] = []
-
-    def acquire() -> BufferHandle:
-        handle = pool.acquire(n)
-        handles.append(handle)
-        return handle
-
-    def delayed_upload(
-        handle: BufferHandle, cycles: int
-    ) -> tuple[list[torch.Tensor], torch.cuda.Event]:
-        """Upload the descriptors on a stream held back by a spin, as a busy device would."""
-        with torch.cuda.stream(stream):
-            torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
-            uploaded = [t.to("cuda", non_blocking=True) for t in handle.buffers]
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record(stream)
-        return uploaded, event
-
-    try:
-        first = acquire()
-        assert all(t.is_pinned() for t in first.buffers)
-        first_address = first.buffers.src_ptrs.data_ptr()
-        first_pattern = make_pattern(1, n)
-        write_pattern(first.arrays, first_pattern)
-        in_flight = tuple(first.arrays)  # kept to prove that nobody writes the buffer
-        uploaded, event = delayed_upload(first, 2_000_000_000)  # about a second
-        first.record_event(event)
-        first.release()
-        assert not event.query()  # type: ignore[no-untyped-call]
-        assert pool.stats().parked == 1
-
-        second = acquire()  # the parked buffer must not come back while the upload runs
-        assert second.buffers.src_ptrs.data_ptr() != first_address
-        second_pattern = make_pattern(2, n)
-        write_pattern(second.arrays, second_pattern)
-        assert has_pattern(in_flight, first_pattern)
-        assert not event.query()  # type: ignore[no-untyped-call]
-
-        event.synchronize()
-        assert pool.collect() == 1
-        assert pool.stats().parked == 0
-        for tensor, values in zip(uploaded, first_pattern, strict=True):
-            assert np.array_equal(tensor.cpu().numpy().view(np.uint64), values)
-        third = acquire()  # now the retired buffer comes back
-        assert third.buffers.src_ptrs.data_ptr() == first_address
-        assert has_pattern(third.arrays, first_pattern)
-        assert has_pattern(second.arrays, second_pattern)
-        second.release()
-
-        _, later = delayed_upload(third, 1_000_000_000)
-        third.record_event(later)
-        third.release()
-        assert pool.stats().parked == 1
-        pool.synchronize()
-        assert later.query()  # type: ignore[no-untyped-call]
-        stats = pool.stats()
-        assert stats.parked == 0
-        assert stats.active_requests.current == 0
-        assert pool.outstanding() == []
-    finally:
-        torch.cuda.synchronize()
-        for handle in handles:
-            if not handle.released:
-                handle.release()
-        pool.synchronize()

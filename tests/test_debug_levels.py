@@ -1,0 +1,473 @@
+"""Debug levels: checks (poisoned sizes, stale and in-flight writes), strict (guarded views)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import typing
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from _events import FlagEvent
+from _helpers import TRIPLE_16
+
+from bucketpool import (
+    BucketPool,
+    DebugLevel,
+    DescriptorBuffers,
+    InFlightWriteError,
+    UseAfterReleaseError,
+)
+from bucketpool.testing import swap_blocks_batch
+
+# -- checks: released buffers are poisoned, stale writes reported --------------------------
+
+
+@pytest.mark.pool(debug="checks")
+def test_released_buffers_are_poisoned_at_checks(pool: BucketPool) -> None:
+    handle = pool.acquire(16)
+    handle.buffers.sizes.fill_(8)
+    src = handle.arrays[0]
+    sizes = handle.arrays[2]
+    src[:] = 7
+    handle.release()
+    assert not sizes.any()  # a stale batched copy moves nothing
+    assert (src == 7).all()  # only the sizes are poisoned
+
+
+def test_checks_zeroes_sizes_of_released_buffers(no_heap_scans: None) -> None:
+    pool = BucketPool(debug="checks")
+    with pool.acquire(8) as bufs:
+        bufs.sizes.fill_(123)
+        sizes = bufs.sizes
+    assert not sizes.any()  # a stale batched copy would move nothing
+
+
+@pytest.mark.pool(debug="checks")
+def test_stale_write_is_caught_and_the_pool_stays_consistent(pool: BucketPool) -> None:
+    with pool.acquire(16) as bufs:
+        stale = bufs.sizes
+    stale[3] = 4096  # a write through a view kept past release
+    with pytest.warns(
+        RuntimeWarning, match=r"written after its release.*acquired at .*released at"
+    ):
+        handle = pool.acquire(16)  # reported, not raised to the new holder
+    assert not handle.released
+    handle.release()
+    stats = pool.stats()
+    assert stats.active_requests.current == 0
+    assert stats.allocations.current == 1  # nothing lost, nothing extra
+    with pool.acquire(16) as bufs:
+        assert not bufs.sizes.any()  # the release poisoned it again
+
+
+def test_checks_reports_a_stale_write_as_a_warning_naming_the_stale_holder(
+    no_heap_scans: None,
+) -> None:
+    pool = BucketPool(debug="checks")
+    with pool.acquire(8) as bufs:
+        stale = bufs.sizes
+    stale[3] = 99  # after release
+    with pytest.warns(RuntimeWarning, match="written after its release") as caught:
+        handle = pool.acquire(8)  # the new holder is warned about, not blamed
+    message = str(caught[0].message)
+    assert "acquired at" in message
+    assert "released at" in message
+    assert __file__ in message
+    handle.release()
+
+
+# -- checks: descriptors rewritten while a copy may read them ------------------------------
+
+
+@pytest.mark.pool(debug="checks")
+def test_rewrite_while_in_flight_raises_at_the_next_call(pool: BucketPool) -> None:
+    event = FlagEvent()
+    handle = pool.acquire(8)
+    handle.buffers.sizes.fill_(64)
+    handle.record_event(event)
+    handle.buffers.sizes[0] = 1  # the copy may still read this
+    handle.release()
+    event.done = True
+    with pytest.raises(InFlightWriteError, match=r"descriptors of a buffer \(n=8, acquired at"):
+        pool.collect()
+    assert pool.stats().parked == 0
+    assert pool.stats().cached_bytes == TRIPLE_16
+    with pool.acquire(8):  # reported once
+        pass
+
+
+@pytest.mark.pool(debug="checks")
+def test_checks_raises_a_rewrite_while_in_flight_from_collect_once_the_copy_ends(
+    pool: BucketPool,
+) -> None:
+    event = FlagEvent()
+    handle = pool.acquire(4)
+    with handle as bufs:
+        bufs.sizes.fill_(1)
+        handle.record_event(event)
+        bufs.sizes[0] = 2  # rewritten while the copy may read it
+    assert handle.released  # parked: the copy is still running
+    event.done = True
+    with pytest.raises(InFlightWriteError, match="changed between record_event"):
+        pool.collect()
+    assert pool.stats().parked == 0  # retired all the same
+
+
+@pytest.mark.pool(debug="checks")
+def test_unchanged_descriptors_pass_the_in_flight_check(pool: BucketPool) -> None:
+    event = FlagEvent()
+    handle = pool.acquire(8)
+    handle.buffers.sizes.fill_(64)
+    handle.record_event(event)
+    handle.release()
+    event.done = True
+    assert pool.collect() == 1
+
+
+@pytest.mark.pool(debug="checks")
+def test_checks_a_rewrite_after_the_copy_reported_done_is_no_in_flight_write(
+    pool: BucketPool,
+) -> None:
+    """Issue 18 case 10: descriptors rewritten once the recorded copy's event reported
+    done are the holder's to change; the release must not say a copy may have read them."""
+    event = FlagEvent()
+    handle = pool.acquire(4)
+    with handle as bufs:
+        bufs.sizes.fill_(1)
+        handle.record_event(event)
+        event.done = True  # the copy is over
+        bufs.sizes[0] = 2  # a new step's descriptors
+    assert handle.released
+    assert pool.stats().parked == 0
+    assert pool.collect() == 0
+
+
+@pytest.mark.pool(debug="checks")
+def test_rewrite_between_two_recorded_events_is_caught(pool: BucketPool) -> None:
+    first, second = FlagEvent(), FlagEvent()
+    handle = pool.acquire(8)
+    handle.buffers.sizes.fill_(64)
+    handle.record_event(first)
+    handle.add_copies(0, [16], [32], 8)  # while the first copy may still read it
+    with pytest.raises(InFlightWriteError, match="changed while an earlier recorded copy"):
+        handle.record_event(second)  # finds the change; the event is recorded all the same
+    handle.release()
+    assert handle.released
+    assert pool.stats().parked == 1  # parked on both events
+    first.done = second.done = True
+    assert pool.collect() == 1
+
+
+@pytest.mark.pool(debug="checks")
+def test_checks_in_flight_rewrite_between_records_raises_from_record_event(
+    pool: BucketPool,
+) -> None:
+    handle = pool.acquire(4)
+    handle.buffers.sizes.fill_(1)
+    handle.record_event(FlagEvent())
+    handle.buffers.sizes[0] = 2
+    with pytest.raises(InFlightWriteError, match="record_event"):
+        handle.record_event(FlagEvent(done=True))
+    handle.release()  # parked on the first event; nothing lost
+    assert pool.stats().parked == 1
+
+
+@pytest.mark.pool(debug="checks")
+def test_record_event_catches_a_rewrite_while_in_flight_at_checks(pool: BucketPool) -> None:
+    first, second = FlagEvent(), FlagEvent()
+    handle = pool.acquire(4)
+    handle.add_copies(0, [16], [32], 8)
+    handle.record_event(first)
+    handle.add_copies(0, [48], [64], 8)  # the first copy may still read these
+    with pytest.raises(InFlightWriteError, match="the new event was recorded"):
+        handle.record_event(second)
+    handle.release()
+    first.done = True
+    assert pool.collect() == 0  # the second event, recorded all the same, holds it
+    second.done = True
+    assert pool.collect() == 1
+
+
+@pytest.mark.pool(debug="checks")
+def test_refilling_after_the_first_copy_finished_is_fine(pool: BucketPool) -> None:
+    first, second = FlagEvent(), FlagEvent()
+    handle = pool.acquire(8)
+    handle.record_event(first)
+    first.done = True
+    handle.add_copies(0, [16], [32], 8)  # the first copy is done: a new step may refill
+    handle.record_event(second)
+    handle.release()
+    second.done = True
+    assert pool.collect() == 1
+
+
+@pytest.mark.pool(debug="checks")
+def test_record_event_after_the_earlier_copy_finished_is_fine_at_checks(pool: BucketPool) -> None:
+    first, second = FlagEvent(done=True), FlagEvent(done=True)
+    handle = pool.acquire(4)
+    handle.add_copies(0, [16], [32], 8)
+    handle.record_event(first)
+    handle.add_copies(0, [48], [64], 8)
+    handle.record_event(second)
+    handle.release()
+    assert pool.stats().parked == 0
+
+
+@pytest.mark.pool(debug="checks")
+def test_checks_in_flight_rewrite_found_by_an_unrelated_acquire_is_only_warned(
+    pool: BucketPool,
+) -> None:
+    event = FlagEvent()
+    handle = pool.acquire(4)
+    handle.buffers.sizes.fill_(1)
+    handle.record_event(event)
+    sizes = handle.buffers.sizes  # kept past the release: a stale view
+    handle.release()  # parked
+    sizes[0] = 2
+    event.done = True
+    with pytest.warns(RuntimeWarning, match="changed between record_event"):
+        other = pool.acquire(4)  # the miss polls the parked buffer and retires it
+    other.release()
+
+
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_shrinking_before_recording_the_event_is_no_in_flight_write(
+    level: typing.Literal["checks", "strict"],
+) -> None:
+    """The README's asynchronous example: fill, shrink to what was written, record."""
+    pool = BucketPool(debug=level)
+    event = FlagEvent()
+    handle = pool.acquire(10)
+    with handle:
+        end = handle.add_copies(0, [16, 32], [48, 64], 8)
+        handle.shrink(end)
+        handle.record_event(event)
+    event.done = True
+    assert pool.collect() == 1  # no InFlightWriteError: nothing changed
+
+
+@pytest.mark.pool(debug="checks")
+def test_a_rewrite_past_the_shrunk_views_is_still_an_in_flight_write(pool: BucketPool) -> None:
+    handle = pool.acquire(10)
+    handle.add_copies(0, [16, 32, 48], [48, 64, 80], 8)
+    arrays = handle.arrays  # all 10 entries, kept from before the shrink
+    handle.shrink(2)
+    handle.record_event(FlagEvent())
+    arrays[2][5] = 99
+    with pytest.raises(InFlightWriteError, match="changed while an earlier recorded copy"):
+        handle.record_event(FlagEvent())
+    handle.release()
+
+
+# Issue 18 (the third hostile review), case 10.
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_a_rewrite_after_the_copy_completed_is_not_an_in_flight_write(level: DebugLevel) -> None:
+    pool = BucketPool(debug=level)
+    handle = pool.acquire(4)
+    handle.add_copies(0, [1], [2], [3])
+    event = FlagEvent()
+    handle.record_event(event)
+    event.done = True
+    handle.add_copies(0, [9], [9], [9])  # the copy has read the old values: no harm
+    handle.release()
+    assert pool.collect() == 0  # nothing was parked, and nothing raised
+
+
+# -- checks: unrelated odd objects ---------------------------------------------------------
+
+
+def test_checks_costs_no_heap_scan_with_unrelated_odd_objects(no_heap_scans: None) -> None:
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[0]]), torch.tensor([1.0]), (3,), check_invariants=True
+    )
+    meta = torch.empty(3, device="meta")
+    pool = BucketPool(debug="checks")
+    for _ in range(3):
+        with pool.acquire(16) as bufs:
+            bufs.sizes.fill_(0)
+    assert sparse.is_sparse
+    assert meta.is_meta
+    assert pool.stats().active_requests.current == 0
+
+
+@pytest.mark.pool(debug="checks")
+def test_a_sparse_tensor_in_a_frame_does_not_break_with_exit_at_checks(pool: BucketPool) -> None:
+    """Issue 10, case 11: at debug=checks a sparse tensor in a frame made the with exit raise."""
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,), check_invariants=True
+    )
+    with pool.acquire(8) as bufs:
+        bufs.sizes.fill_(1)
+        local_sparse = sparse * 2
+    assert local_sparse.is_sparse
+    stats = pool.stats()
+    assert stats.active_requests.current == 0
+    assert stats.leaks == 0
+
+
+# -- strict: views kept past release raise -------------------------------------------------
+
+
+def _use_after(pool: BucketPool) -> tuple[torch.Tensor, DescriptorBuffers, torch.Tensor]:
+    """Return what a careless caller keeps: a view, the tuple, a slice of a view."""
+    with pool.acquire(8) as bufs:
+        sizes = bufs.sizes
+        bufs.sizes.fill_(1)
+        piece = bufs.src_ptrs[:4]
+    return sizes, bufs, piece
+
+
+def test_strict_catches_a_view_kept_in_a_local(no_heap_scans: None) -> None:
+    sizes, _, _ = _use_after(BucketPool(debug="strict"))
+    with pytest.raises(UseAfterReleaseError, match=r"sum: a view of a buffer \(n=8"):
+        sizes.sum()
+
+
+def test_strict_catches_the_tuple_and_slices_of_views(no_heap_scans: None) -> None:
+    _, bufs, piece = _use_after(BucketPool(debug="strict"))
+    with pytest.raises(UseAfterReleaseError):
+        bufs.dst_ptrs[0] = 5
+    with pytest.raises(UseAfterReleaseError):
+        swap_blocks_batch(*bufs)
+    with pytest.raises(UseAfterReleaseError):
+        piece.tolist()
+
+
+def test_strict_catches_views_in_attributes_and_containers(no_heap_scans: None) -> None:
+    pool = BucketPool(debug="strict")
+
+    class Holder:
+        views: DescriptorBuffers | None = None
+
+    holder, kept = Holder(), []
+    with pool.acquire(4) as bufs:
+        holder.views = bufs
+        kept.append(bufs.sizes)
+    assert holder.views is not None
+    with pytest.raises(UseAfterReleaseError):
+        holder.views.src_ptrs.add_(1)
+    with pytest.raises(UseAfterReleaseError):
+        kept[0].clone()
+    # Printing a stale view in a debugger or a log still works: it shows the poisoned sizes.
+    assert "[0, 0, 0, 0]" in repr(kept[0])
+
+
+@pytest.mark.pool(debug="strict")
+def test_strict_numpy_arrays_become_read_only_at_release(pool: BucketPool) -> None:
+    handle = pool.acquire(4)
+    src, _, _ = handle.arrays
+    src[0] = 1
+    handle.release()
+    with pytest.raises(ValueError, match="read-only"):
+        src[0] = 2
+
+
+# Issue 18 (the third hostile review), cases 8 and 9.
+def test_strict_refuses_writes_through_kept_numpy_slices_and_view_numpy() -> None:
+    pool = BucketPool(debug="strict")
+    handle = pool.acquire(8)
+    kept_slice = handle.arrays[0][2:5]
+    kept_numpy = handle.buffers.dst_ptrs.numpy()
+    handle.release()
+    with pool.acquire(8) as fresh:
+        with pytest.raises(ValueError, match="read-only"):
+            kept_slice[0] = 99
+        with pytest.raises(ValueError, match="read-only"):
+            kept_numpy[0] = 99
+        assert 99 not in fresh.src_ptrs.tolist()
+        assert 99 not in fresh.dst_ptrs.tolist()
+
+
+# -- strict: views work while held ---------------------------------------------------------
+
+
+@pytest.mark.pool(debug="strict")
+def test_strict_views_work_while_held_and_with_the_op(pool: BucketPool) -> None:
+    src = np.arange(32, dtype=np.uint8)
+    dst = np.zeros(32, dtype=np.uint8)
+    handle = pool.acquire(4)
+    with handle as bufs:
+        end = handle.add_copies(0, [src.ctypes.data], [dst.ctypes.data], [32])
+        views = handle.shrink(end)
+        assert views.sizes.tolist() == [32]
+        swap_blocks_batch(*views)
+        assert bufs.sizes.numel() == 1  # the views bound by with were shrunk in place
+    assert (dst == src).all()
+
+
+@pytest.mark.pool(debug="strict")
+def test_local_views_work_at_strict(pool: BucketPool) -> None:
+    for n in (3, 3, 40):
+        with pool.acquire(n) as (src, dst, sizes):
+            src.fill_(1)
+            dst.fill_(2)
+            sizes.fill_(3)
+            assert (src.tolist(), dst.tolist(), sizes.tolist()) == ([1] * n, [2] * n, [3] * n)
+        with pool.acquire(n) as bufs:
+            assert bufs.src_ptrs.tolist() == [1] * n  # the same buffer, written above
+            bufs.sizes.fill_(0)
+            array = bufs.src_ptrs.numpy()
+            array[:] = 7
+            assert bufs.src_ptrs.tolist() == [7] * n  # the array is the view's memory
+            del array
+        with pytest.raises(UseAfterReleaseError):
+            src.sum()  # the views bound by unpacking were guarded all along
+    stats = pool.stats()
+    assert stats.active_requests.current == 0
+    assert stats.allocations.current == 2  # one buffer per bucket, every time
+    assert stats.leaks == 0
+
+
+@contextlib.contextmanager
+def descriptors(pool: BucketPool, n: int) -> Iterator[DescriptorBuffers]:
+    with pool.acquire(n) as bufs:
+        yield bufs
+
+
+@pytest.mark.pool(debug="strict")
+def test_wrapped_and_stacked_acquires_work_at_strict(pool: BucketPool) -> None:
+    with descriptors(pool, 8) as bufs:
+        bufs.sizes.fill_(1)
+    with contextlib.ExitStack() as stack:
+        src, _dst, _sizes = stack.enter_context(pool.acquire(8))
+        src.fill_(2)
+    with pool.acquire(8) as bufs:
+        first_four = bufs.src_ptrs[:4]  # a local slice, as vLLM's worker writes
+        first_four.fill_(3)
+    del first_four
+    assert pool.stats().active_requests.current == 0
+
+
+def test_strict_ignores_unrelated_odd_tensors(no_heap_scans: None) -> None:
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[0]]), torch.tensor([1.0]), (3,), check_invariants=True
+    )
+    pool = BucketPool(debug="strict")
+    with pool.acquire(4) as bufs:
+        total = bufs.sizes.fill_(2).sum() + sparse.to_dense().sum()
+    assert float(total) == 9.0
+    assert pool.stats().active_requests.current == 0
+
+
+# -- copies of live views -------------------------------------------------------------------
+
+
+# Issue 18 (the third hostile review), case 9.
+def test_deepcopy_of_live_views_works_at_every_level(pool_at_each_level: BucketPool) -> None:
+    pool = pool_at_each_level
+    handle = pool.acquire(4)
+    with handle as bufs:
+        handle.add_copies(0, [1, 2, 3, 4], [5, 6, 7, 8], 16)
+        state = {"bufs": bufs, "views": [bufs.src_ptrs]}
+        copied = copy.deepcopy(state)
+        view = copy.deepcopy(bufs.sizes)
+    copied_bufs = typing.cast("DescriptorBuffers", copied["bufs"])
+    assert copied_bufs.src_ptrs.tolist() == [1, 2, 3, 4]
+    assert typing.cast("list[torch.Tensor]", copied["views"])[0].tolist() == [1, 2, 3, 4]
+    assert view.tolist() == [16] * 4
+    with pool.acquire(4) as again:
+        again.src_ptrs.fill_(0)
+    assert copied_bufs.src_ptrs.tolist() == [1, 2, 3, 4]  # a copy, not the pool's memory

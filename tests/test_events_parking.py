@@ -1,0 +1,487 @@
+"""Completion events and parking: a released buffer waits for its copies, then comes back."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from _events import DeviceError, FlagEvent, ScriptedEvent, SyncEvent
+from _helpers import TRIPLE_16, bucket_map, data_ptrs, has_pattern, make_pattern, write_pattern
+
+from bucketpool import (
+    BucketPool,
+    BufferHandle,
+    CompletionEvent,
+    ReleaseError,
+)
+
+# -- record_event --------------------------------------------------------------------------
+
+
+def test_record_event_needs_a_query_method(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    for bad in (object(), 3, "event"):
+        with pytest.raises(TypeError, match=r"query\(\) -> bool method"):
+            handle.record_event(bad)  # type: ignore[arg-type]
+    handle.release()
+    assert pool.stats().parked == 0  # nothing was recorded
+
+
+def test_record_of_a_non_event_is_a_type_error(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    with pytest.raises(TypeError, match=r"query\(\) -> bool method"):
+        handle.record_event(object())  # type: ignore[arg-type]
+    handle.release()
+    assert pool.stats().parked == 0
+
+
+def test_record_event_after_release_is_refused(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    handle.release()
+    with pytest.raises(ReleaseError, match=r"record_event: this handle \(n=5"):
+        handle.record_event(FlagEvent())
+    assert pool.stats().parked == 0
+
+
+def test_record_after_release_raises(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    handle.release()
+    with pytest.raises(ReleaseError, match="record_event: this handle"):
+        handle.record_event(FlagEvent())
+
+
+def test_record_event_does_not_query(pool: BucketPool) -> None:
+    event = FlagEvent()
+    handle = pool.acquire(5)
+    handle.record_event(event)
+    assert event.queries == 0  # not at debug "off": queried at release
+    handle.release()
+    assert event.queries == 1
+    event.done = True
+    pool.collect()
+
+
+# Issue 18 (the third hostile review), case 11.
+def test_record_event_asks_a_bounded_number_of_earlier_events(
+    pool_at_each_level: BucketPool,
+) -> None:
+    pool = pool_at_each_level
+    handle = pool.acquire(4)
+    events = [FlagEvent(done=True) for _ in range(500)]  # each copy done by the next
+    for i, event in enumerate(events):
+        handle.add_copies(0, [i], [i], [1])
+        handle.record_event(event)
+    assert sum(event.queries for event in events) <= 2 * len(events)  # was quadratic
+    handle.release()
+
+
+# Issue 18 (the third hostile review), case 11.
+def test_done_events_are_dropped_while_the_handle_is_held() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(4)
+    refs = []
+    for _ in range(10):
+        event = FlagEvent(done=True)
+        refs.append(weakref.ref(event))
+        handle.record_event(event)
+        del event
+    handle.record_event(FlagEvent())
+    handle.record_event(FlagEvent())
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) <= 2
+    handle.release()
+
+
+# -- parking -------------------------------------------------------------------------------
+
+
+def test_pending_event_parks_the_buffer_until_done(pool: BucketPool) -> None:
+    first = pool.acquire(50)
+    ptrs = data_ptrs(first.buffers)
+    event = FlagEvent()
+    first.record_event(event)
+    first.release()
+    assert pool.stats().parked == 1
+    with pool.acquire(50) as other:  # the parked buffer is not handed out
+        assert data_ptrs(other) != ptrs
+    event.done = True
+    # A cached buffer is served first; the parked one retires when the bucket runs dry.
+    again = [pool.acquire(50) for _ in range(2)]
+    assert {data_ptrs(h.buffers) for h in again} == {ptrs, data_ptrs(other)}
+    assert pool.stats().parked == 0
+    for handle in again:
+        handle.release()
+
+
+def test_done_event_does_not_park(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    handle.record_event(FlagEvent(done=True))
+    handle.release()
+    assert pool.stats().parked == 0
+    assert pool.stats().cached_bytes == TRIPLE_16
+
+
+def test_every_event_must_complete(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    events = [FlagEvent(), FlagEvent(), FlagEvent(done=True)]
+    for event in events:
+        handle.record_event(event)
+    handle.release()
+    events[0].done = True
+    assert pool.collect() == 0
+    events[1].done = True
+    assert pool.collect() == 1
+    assert pool.collect() == 0
+
+
+def test_done_events_are_not_queried_again(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    done, pending = FlagEvent(done=True), FlagEvent()
+    handle.record_event(done)
+    handle.record_event(pending)
+    handle.release()
+    pool.collect()
+    assert done.queries == 1
+    pending.done = True
+    pool.collect()
+
+
+def test_released_while_parked(pool: BucketPool) -> None:
+    event = FlagEvent()
+    handle = pool.acquire(4)
+    handle.record_event(event)
+    handle.release()
+    assert handle.released  # over for the holder, though the buffer is still parked
+    assert pool.stats().parked == 1
+    event.done = True
+    assert pool.collect() == 1
+
+
+def test_real_torch_event_on_cpu(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    handle.record_event(torch.Event(device="cpu"))  # never recorded: reports done
+    ptr = handle.buffers.src_ptrs.data_ptr()
+    handle.release()
+    assert pool.stats().parked == 0
+    with pool.acquire(5) as bufs:
+        assert bufs.src_ptrs.data_ptr() == ptr
+
+
+@pytest.mark.pool(min_capacity=4, max_capacity=1024, idle_trim_acquires=0)
+def test_unrecorded_torch_event_does_not_park(pool: BucketPool) -> None:
+    event = torch.Event(device="cpu")
+    assert event.query()  # never recorded: reports done
+    handle = pool.acquire(100)
+    address = handle.buffers.src_ptrs.data_ptr()
+    handle.record_event(event)
+    pool.release(handle)
+    stats = pool.stats()
+    assert stats.parked == 0
+    assert bucket_map(stats)[128].cached == 1
+    again = pool.acquire(128)
+    try:
+        assert again.buffers.src_ptrs.data_ptr() == address
+        assert pool.stats().hits == 1
+    finally:
+        again.release()
+    assert pool.outstanding() == []
+
+
+def test_release_takes_effect_when_the_event_raises(pool: BucketPool) -> None:
+    """Issue 10, case 9: release() with a raising event left the handle unreleased, then lost."""
+    event = ScriptedEvent(after=DeviceError("device lost"))
+    handle = pool.acquire(8)
+    handle.record_event(event)
+    with pytest.raises(DeviceError):
+        handle.release()
+    assert handle.released
+    del handle  # no leak warning (warnings are errors here): it was released
+    stats = pool.stats()
+    assert (stats.active_requests.current, stats.parked) == (0, 1)
+    event.after = True
+    assert pool.collect() == 1
+    assert pool.stats().cached_bytes == TRIPLE_16
+
+
+# -- parking order: out of order, and behind a stuck event ---------------------------------
+
+
+# Issue 18 (the third hostile review), case 3.
+def test_a_stuck_event_does_not_hold_back_later_parked_buffers() -> None:
+    pool = BucketPool()
+    stuck = pool.acquire(8)
+    stuck.record_event(FlagEvent())  # never completes (another stream, or a hung copy)
+    stuck.release()
+    for _ in range(200):
+        event = FlagEvent()
+        handle = pool.acquire(8)
+        handle.record_event(event)
+        handle.release()
+        event.done = True  # this stream completes; the stuck one never does
+    stats = pool.stats()
+    assert stats.parked <= 2  # the stuck one, and perhaps the last, not asked since
+    assert stats.allocations.current <= 3  # was one new buffer per step
+
+
+# Issue 18 (the third hostile review), case 3.
+def test_events_completing_in_reverse_order_are_retired() -> None:
+    pool = BucketPool()
+    events = [FlagEvent() for _ in range(6)]
+    for event in events:
+        handle = pool.acquire(16)
+        handle.record_event(event)
+        handle.release()
+    for event in events[1:]:  # the last ones complete, the first never
+        event.done = True
+    for _ in range(6):  # three at once: the cache runs dry, and each miss asks a few
+        handles = [pool.acquire(16) for _ in range(3)]
+        for handle in handles:
+            handle.release()
+    assert pool.stats().parked == 1
+    assert pool.stats().allocations.current == 6  # the retired ones served, none new
+
+
+# -- polling: never under the lock, errors to the right caller, bounded --------------------
+
+
+@pytest.mark.pool(idle_trim_acquires=4)
+def test_events_are_never_queried_under_the_pool_lock(pool: BucketPool) -> None:
+    event = ScriptedEvent(False, False, False, after=True)
+    handle = pool.acquire(8)
+    handle.record_event(event)
+    handle.release()  # queried by the release
+    with pool.acquire(8):  # a miss: polls the parked buffer
+        pass
+    pool.collect()
+    pool.synchronize()
+    assert len(event.under_lock) >= 3
+    assert not any(event.under_lock)
+
+
+@pytest.mark.pool(idle_trim_acquires=4)
+def test_an_acquire_never_sees_another_buffers_query_error(pool: BucketPool) -> None:
+    failing = ScriptedEvent(False, after=RuntimeError("device lost"))
+    handle = pool.acquire(8)
+    handle.record_event(failing)
+    handle.release()
+    handles = [pool.acquire(8) for _ in range(5)]  # misses and sweeps poll it
+    assert len(failing.under_lock) > 1
+    for other in handles:
+        other.release()
+    assert pool.stats().parked == 1
+
+
+def test_an_event_raising_in_acquires_poll_does_not_fail_the_acquire() -> None:
+    """Issue 10, case 7: an event raising once in acquire's sweep failed that acquire and lost a
+    buffer."""
+    pool = BucketPool(idle_trim_acquires=4)  # a sweep every acquire
+    event = ScriptedEvent(False, DeviceError("once"), after=True)
+    parked = pool.acquire(8)
+    parked.record_event(event)
+    parked.release()  # pending: parked
+    assert pool.stats().parked == 1
+    handles = [pool.acquire(8) for _ in range(6)]  # misses and sweeps poll the parked buffer
+    assert event.queries >= 3  # the raise was seen by an acquire, and then "done"
+    for handle in handles:
+        handle.release()
+    stats = pool.stats()
+    assert stats.active_requests.current == 0
+    assert stats.parked == 0
+    assert stats.allocations.current == sum(b.cached for b in stats.buckets)
+
+
+@pytest.mark.pool(idle_trim_acquires=8, max_cached_per_bucket=0)
+def test_acquire_polls_a_bounded_number_of_parked_buffers(pool: BucketPool) -> None:
+    """Issue 10, case 14: with 10,000 parked, every sweep and miss polled all of them."""
+    event = ScriptedEvent(after=False)  # one stream, never done: every parked one waits
+    for _ in range(10_000):
+        handle = pool.acquire(8)
+        handle.record_event(event)
+        handle.release()
+    assert pool.stats().parked == 10_000
+    event.queries = 0
+    acquires = 0
+    for _ in range(50):  # misses of the same bucket, and sweeps
+        with pool.acquire(8):
+            acquires += 1
+    held = [pool.acquire(8) for _ in range(50)]
+    acquires += len(held)
+    for handle in held:
+        handle.release()
+    assert event.queries <= 4 * acquires + 10
+    assert pool.stats().parked == 10_000
+
+
+class Stop(BaseException):
+    """Not an Exception: what a custom BaseException (or SystemExit) from query() is."""
+
+
+# Issue 18 (the third hostile review), case 4.
+def test_a_base_exception_from_a_parked_event_reaches_only_the_collector() -> None:
+    pool = BucketPool(max_cached_per_bucket=1)
+    raising = ScriptedEvent(after=False)
+    handle = pool.acquire(8)
+    handle.record_event(raising)  # pending at release: parked
+    handle.release()
+    raising.after = Stop()  # its query() now raises (a driver error, say)
+    before = raising.queries
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (8, 300, 8, 5000):  # unrelated acquires that poll and allocate
+            with pool.acquire(n):
+                pass
+    assert raising.queries > before  # the polls did ask it
+    with pytest.raises(Stop):
+        pool.collect()
+    assert pool.stats().parked == 1
+
+
+# Issue 18 (the third hostile review), case 4.
+def test_release_re_raises_a_base_exception_after_taking_effect() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(8)
+    handle.record_event(ScriptedEvent(after=Stop()))
+    with pytest.raises(Stop):
+        handle.release()
+    assert handle.released
+    assert pool.stats().parked == 1
+
+
+# -- collect and synchronize ---------------------------------------------------------------
+
+
+def test_collect_returns_how_many_retired(pool: BucketPool) -> None:
+    events = [FlagEvent() for _ in range(4)]
+    for n, event in zip((5, 50, 500, 5000), events, strict=True):
+        handle = pool.acquire(n)
+        handle.record_event(event)
+        handle.release()
+    events[1].done = events[3].done = True
+    assert pool.collect() == 2
+    assert [b.parked for b in pool.stats().buckets] == [1, 0, 1, 0]
+    events[0].done = events[2].done = True
+    assert pool.collect() == 2
+
+
+def test_collect_retires_the_done_and_raises_the_first_error(pool: BucketPool) -> None:
+    failing = ScriptedEvent(False, after=RuntimeError("device lost"))
+    done = FlagEvent()
+    for event in (failing, done):
+        handle = pool.acquire(8)
+        handle.record_event(event)
+        handle.release()
+    done.done = True
+    with pytest.raises(RuntimeError, match="device lost"):
+        pool.collect()
+    stats = pool.stats()  # an unrelated call: the error is not raised again here
+    assert (stats.parked, stats.buckets[0].cached) == (1, 1)
+    failing.after = True
+    assert pool.collect() == 1
+
+
+def test_synchronize_waits_for_every_parked_buffer(pool: BucketPool) -> None:
+    waitable: list[SyncEvent] = [SyncEvent(), SyncEvent()]
+    # No synchronize(): done only on its fourth question (the release asks the first), so
+    # synchronize must keep polling it, however fast or slow the machine is.
+    polled = ScriptedEvent(False, False, False, after=True)
+    events: list[CompletionEvent] = [*waitable, polled]
+    for event in events:
+        handle = pool.acquire(20)
+        handle.record_event(event)
+        handle.release()
+    assert pool.stats().parked == 3
+    assert polled.queries == 1
+    pool.synchronize()
+    assert pool.stats().parked == 0
+    assert all(event.done for event in waitable)
+    assert polled.queries >= 4  # asked until it said done
+
+
+def test_synchronize_calls_the_events_synchronize(pool: BucketPool) -> None:
+    event = SyncEvent()
+    handle = pool.acquire(8)
+    handle.record_event(event)
+    handle.release()
+    pool.synchronize()
+    assert event.done
+    assert pool.stats().parked == 0
+
+
+# -- a real device -------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.pool(pin_memory=True, idle_trim_acquires=0, debug="off")
+def test_pinned_buffer_parks_until_upload_completes(pool: BucketPool) -> None:
+    n = 1_000
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    handles: list[BufferHandle] = []
+
+    def acquire() -> BufferHandle:
+        handle = pool.acquire(n)
+        handles.append(handle)
+        return handle
+
+    def delayed_upload(
+        handle: BufferHandle, cycles: int
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event]:
+        """Upload the descriptors on a stream held back by a spin, as a busy device would."""
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+            uploaded = [t.to("cuda", non_blocking=True) for t in handle.buffers]
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(stream)
+        return uploaded, event
+
+    try:
+        first = acquire()
+        assert all(t.is_pinned() for t in first.buffers)
+        first_address = first.buffers.src_ptrs.data_ptr()
+        first_pattern = make_pattern(1, n)
+        write_pattern(first.arrays, first_pattern)
+        in_flight = tuple(first.arrays)  # kept to prove that nobody writes the buffer
+        uploaded, event = delayed_upload(first, 2_000_000_000)  # about a second
+        first.record_event(event)
+        first.release()
+        assert not event.query()  # type: ignore[no-untyped-call]
+        assert pool.stats().parked == 1
+
+        second = acquire()  # the parked buffer must not come back while the upload runs
+        assert second.buffers.src_ptrs.data_ptr() != first_address
+        second_pattern = make_pattern(2, n)
+        write_pattern(second.arrays, second_pattern)
+        assert has_pattern(in_flight, first_pattern)
+        assert not event.query()  # type: ignore[no-untyped-call]
+
+        event.synchronize()
+        assert pool.collect() == 1
+        assert pool.stats().parked == 0
+        for tensor, values in zip(uploaded, first_pattern, strict=True):
+            assert np.array_equal(tensor.cpu().numpy().view(np.uint64), values)
+        third = acquire()  # now the retired buffer comes back
+        assert third.buffers.src_ptrs.data_ptr() == first_address
+        assert has_pattern(third.arrays, first_pattern)
+        assert has_pattern(second.arrays, second_pattern)
+        second.release()
+
+        _, later = delayed_upload(third, 1_000_000_000)
+        third.record_event(later)
+        third.release()
+        assert pool.stats().parked == 1
+        pool.synchronize()
+        assert later.query()  # type: ignore[no-untyped-call]
+        stats = pool.stats()
+        assert stats.parked == 0
+        assert stats.active_requests.current == 0
+        assert pool.outstanding() == []
+    finally:
+        torch.cuda.synchronize()
+        for handle in handles:
+            if not handle.released:
+                handle.release()
+        pool.synchronize()

@@ -1,0 +1,596 @@
+"""How fills read their inputs: all before any write, once, into plans that run no user code."""
+
+from __future__ import annotations
+
+import collections.abc
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, overload
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+from _fill_cases import (
+    BLOCK_ERRORS,
+    BLOCK_GOOD,
+    DTYPES,
+    ERROR_CASES,
+    GOOD,
+    SENTINEL,
+    SOURCE_FORMS,
+    descriptor_tensors,
+    descriptors,
+    make_arrays,
+    reference_blocks,
+    snapshot,
+    unsigned,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import bucketpool
+from bucketpool import BucketPool, ReleaseError
+from bucketpool._blocks import BlockPlan, read_block_copies
+from bucketpool._errors import CapacityError
+from bucketpool._fill import (
+    DescriptorArrays,
+    add_block_copies,
+    add_copies,
+    write_block_copies,
+    write_copies,
+)
+from bucketpool._inputs import CopyPlan, read_copies
+
+# -- inputs that share memory with the descriptor arrays -----------------------------------
+
+
+ALIAS_N = 8
+
+
+def aliased_arrays(dtype: Any, as_tensor: bool) -> tuple[DescriptorArrays, list[Any]]:
+    """Descriptor arrays holding distinct small values, and their columns as inputs."""
+    if as_tensor:
+        tensors, arrays = descriptor_tensors(
+            ALIAS_N, torch.int64 if dtype is np.int64 else torch.uint64
+        )
+        columns: list[Any] = list(tensors)
+    else:
+        arrays = make_arrays(ALIAS_N, dtype)
+        columns = list(arrays)
+    for i, column in enumerate(arrays):
+        column[:] = np.arange(ALIAS_N) * 3 + i + 1
+    return arrays, columns
+
+
+def copy_of(values: Any) -> npt.NDArray[Any]:
+    return values.numpy().copy() if isinstance(values, torch.Tensor) else np.array(values)
+
+
+# Where an input comes from: a column of the descriptor arrays and an offset in it, or None
+# for a fresh array.
+alias_strategy = st.one_of(st.none(), st.tuples(st.integers(0, 2), st.integers(0, 4)))
+
+
+def test_swapping_directions_in_place() -> None:
+    # The case of issue 10: the handle's own columns, the directions swapped.
+    arrays = make_arrays(4)
+    arrays[0][:] = [1, 2, 3, 4]
+    arrays[1][:] = [5, 6, 7, 8]
+    arrays[2][:] = 9
+    assert add_copies(arrays, 0, arrays[1], arrays[0], arrays[2]) == 4
+    assert snapshot(arrays) == [[5, 6, 7, 8], [1, 2, 3, 4], [9] * 4]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.tuples(alias_strategy, alias_strategy, alias_strategy),
+    st.integers(0, 4),
+    st.booleans(),
+    st.sampled_from(DTYPES),
+)
+def test_add_copies_reads_every_input_before_writing(
+    aliases: tuple[tuple[int, int] | None, ...], first: int, as_tensor: bool, dtype: Any
+) -> None:
+    k = 4
+    arrays, columns = aliased_arrays(dtype, as_tensor)
+    inputs = [
+        np.arange(k, dtype=dtype) * 5 + 100 * (i + 1)
+        if alias is None
+        else columns[alias[0]][alias[1] : alias[1] + k]
+        for i, alias in enumerate(aliases)
+    ]
+    # The reference: the same call with every input copied first.
+    expected = (arrays[0].copy(), arrays[1].copy(), arrays[2].copy())
+    copied = [copy_of(v) for v in inputs]
+    assert add_copies(expected, first, copied[0], copied[1], copied[2]) == first + k
+    assert add_copies(arrays, first, inputs[0], inputs[1], inputs[2]) == first + k
+    assert snapshot(arrays) == snapshot(expected)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.tuples(*[st.one_of(st.none(), st.tuples(st.integers(0, 2), st.booleans()))] * 3),
+    st.booleans(),
+    st.sampled_from(DTYPES),
+)
+def test_filling_the_whole_arrays_reads_every_input_before_writing(
+    aliases: tuple[tuple[int, bool] | None, ...], as_tensor: bool, dtype: Any
+) -> None:
+    # A fill of every entry takes a path of its own. The inputs are fresh arrays, whole
+    # columns or (numpy only: a tensor has no negative strides) columns reversed.
+    arrays, columns = aliased_arrays(dtype, as_tensor)
+    inputs = [
+        np.arange(ALIAS_N, dtype=dtype) * 5 + 100 * (i + 1)
+        if alias is None
+        else columns[alias[0]][::-1]
+        if alias[1] and not as_tensor
+        else columns[alias[0]]
+        for i, alias in enumerate(aliases)
+    ]
+    expected = (arrays[0].copy(), arrays[1].copy(), arrays[2].copy())
+    copied = [copy_of(v) for v in inputs]
+    assert add_copies(expected, 0, copied[0], copied[1], copied[2]) == ALIAS_N
+    assert add_copies(arrays, 0, inputs[0], inputs[1], inputs[2]) == ALIAS_N
+    assert snapshot(arrays) == snapshot(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([([3, 4, 5, 6], [0, 1, 2, 3]), ([0, 1, 5, 6], [2, 3, 0, 1]),
+                     ([6, 3, 5, 0], [1, 4, 2, 7])]),
+    st.tuples(st.integers(0, 2), st.integers(0, 4)),
+    st.tuples(st.integers(0, 2), st.integers(0, 4)),
+    st.integers(0, 4),
+    st.booleans(),
+    st.sampled_from(DTYPES),
+    st.booleans(),
+)  # fmt: skip
+def test_add_block_copies_reads_every_input_before_writing(
+    blocks: tuple[list[int], list[int]],
+    src_alias: tuple[int, int],
+    dst_alias: tuple[int, int],
+    first: int,
+    as_tensor: bool,
+    dtype: Any,
+    coalesce: bool,
+) -> None:
+    k = 4
+    arrays, columns = aliased_arrays(dtype, as_tensor)
+    (src_col, src_at), (dst_col, dst_at) = src_alias, dst_alias
+    if src_col == dst_col and src_at != dst_at:
+        dst_col = (dst_col + 1) % 3  # the two lists would overwrite each other
+    arrays[src_col][src_at : src_at + k] = blocks[0]
+    arrays[dst_col][dst_at : dst_at + k] = blocks[1]
+    src_in = columns[src_col][src_at : src_at + k]
+    dst_in = columns[dst_col][dst_at : dst_at + k]
+    expected = (arrays[0].copy(), arrays[1].copy(), arrays[2].copy())
+    end = add_block_copies(
+        expected, first, 64, 128, copy_of(src_in), copy_of(dst_in), 16,
+        total_bytes=60, coalesce=coalesce,
+    )  # fmt: skip
+    got = add_block_copies(
+        arrays, first, 64, 128, src_in, dst_in, 16, total_bytes=60, coalesce=coalesce
+    )
+    assert got == end
+    assert snapshot(arrays) == snapshot(expected)
+
+
+@pytest.mark.parametrize(
+    ("src_blocks", "dst_blocks"),
+    [
+        ([3, 4, 5, 6], [0, 1, 2, 3]),  # one run
+        ([6, 3, 5, 0], [1, 4, 2, 7]),  # no run merges
+        ([0, 1, 5, 6], [2, 3, 0, 1]),  # two runs
+    ],
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_block_lists_may_be_views_of_the_descriptor_arrays(
+    src_blocks: list[int], dst_blocks: list[int], dtype: Any
+) -> None:
+    # Each input is read before an output entry that it shares memory with is written.
+    expected = reference_blocks(64, 128, src_blocks, dst_blocks, 16, 60, True)
+    for src_column, dst_column in [(0, 1), (1, 0), (2, 0), (1, 2), (2, 1)]:
+        arrays = make_arrays(4, dtype)
+        arrays[src_column][:] = src_blocks
+        arrays[dst_column][:] = dst_blocks
+        end = add_block_copies(
+            arrays, 0, 64, 128, arrays[src_column], arrays[dst_column], 16, total_bytes=60
+        )
+        assert descriptors(arrays, 0, end) == expected
+
+
+# -- reading apart from writing: a plan, then writes that run no user code -----------------
+
+
+class LoggedIndex:
+    """An integer argument that logs each call of its ``__index__``."""
+
+    def __init__(self, value: int, log: list[str]) -> None:
+        self.value = value
+        self.log = log
+
+    def __index__(self) -> int:
+        self.log.append("__index__")
+        return self.value
+
+
+class LoggedSequence(Sequence[int]):
+    """A sequence of ints that logs every call into it."""
+
+    def __init__(self, values: list[int], log: list[str]) -> None:
+        self.values = values
+        self.log = log
+
+    def __len__(self) -> int:
+        self.log.append("__len__")
+        return len(self.values)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        self.log.append("__getitem__")
+        return self.values[index]
+
+    def __iter__(self) -> Iterator[int]:
+        self.log.append("__iter__")
+        return iter(self.values)
+
+
+class LoggedArray(np.ndarray[Any, np.dtype[Any]]):
+    """An ndarray subclass that logs its ufunc, array-function and length calls."""
+
+    calls: ClassVar[list[str]] = []
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        LoggedArray.calls.append(f"ufunc {ufunc.__name__}")
+        plain = [np.asarray(x) if isinstance(x, np.ndarray) else x for x in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(np.asarray(x) for x in kwargs["out"])
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+    def __array_function__(
+        self, func: Any, types: Any, args: Any, kwargs: Mapping[str, Any]
+    ) -> Any:
+        LoggedArray.calls.append(f"function {func.__name__}")
+        return super().__array_function__(func, types, args, kwargs)
+
+    def __len__(self) -> int:
+        LoggedArray.calls.append("__len__")
+        return super().__len__()
+
+
+class LoggedTensor(torch.Tensor):
+    """A tensor subclass that logs every torch call on it (``numpy()``, ``is_cpu``, ...)."""
+
+    calls: ClassVar[list[str]] = []
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        cls.calls.append(getattr(func, "__name__", repr(func)))
+        return super().__torch_function__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The calls that the logged inputs of one test make, in order."""
+    calls: list[str] = []
+    monkeypatch.setattr(LoggedArray, "calls", calls)
+    monkeypatch.setattr(LoggedTensor, "calls", calls)
+    return calls
+
+
+def logged_inputs(log: list[str]) -> dict[str, Callable[[list[int]], Any]]:
+    """Ways to pass a column of ints that all call back into test code."""
+    return {
+        "sequence": lambda v: LoggedSequence(v, log),
+        "ndarray subclass": lambda v: np.array(v, dtype=np.int64).view(LoggedArray),
+        "tensor subclass": lambda v: torch.tensor(v).as_subclass(LoggedTensor),
+    }
+
+
+def plan_values(plan: CopyPlan | BlockPlan) -> list[object]:
+    """Every value a plan holds, the items of a tuple field included."""
+    values: list[object] = []
+    for value in attrs.asdict(plan, recurse=False).values():
+        values.extend(value if isinstance(value, tuple) else [value])
+    return values
+
+
+@pytest.mark.parametrize("form", ["sequence", "ndarray subclass", "tensor subclass"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_writing_a_copy_plan_calls_no_user_code(form: str, dtype: Any, log: list[str]) -> None:
+    make = logged_inputs(log)[form]
+    arrays = make_arrays(4, dtype)
+    d = np.dtype(dtype)
+    plan = read_copies(LoggedIndex(1, log), make([10, 20]), make([30, 40]), make([5, 6]), d, d, d)
+    assert log  # reading called back, as it must
+    log.clear()
+    assert write_copies(arrays, 4, plan) == 3
+    assert log == []
+    assert snapshot(arrays) == [[SENTINEL, a, b, SENTINEL] for a, b in ([10, 20], [30, 40], [5, 6])]
+
+
+@pytest.mark.parametrize("form", ["sequence", "ndarray subclass", "tensor subclass"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("src_blocks", "dst_blocks"),
+    [
+        ([3], [0]),  # one descriptor
+        ([0, 1, 2], [4, 5, 6]),  # one run: one descriptor
+        ([0, 1, 5], [2, 3, 0]),  # runs merged
+        ([5, 0, 3], [1, 3, 0]),  # none merged
+    ],
+)
+def test_writing_a_block_plan_calls_no_user_code(
+    form: str, dtype: Any, src_blocks: list[int], dst_blocks: list[int], log: list[str]
+) -> None:
+    make = logged_inputs(log)[form]
+    arrays = make_arrays(4, dtype)
+    d = np.dtype(dtype)
+    first, src_base, dst_base, block_bytes, total_bytes = (
+        LoggedIndex(v, log) for v in (1, 64, 128, 16, len(src_blocks) * 16 - 2)
+    )
+    plan = read_block_copies(
+        first, src_base, dst_base, make(src_blocks), make(dst_blocks), block_bytes,
+        total_bytes=total_bytes, src_dtype=d, dst_dtype=d,
+    )  # fmt: skip
+    assert log
+    log.clear()
+    end = write_block_copies(arrays, 4, plan)
+    assert log == []
+    expected = reference_blocks(64, 128, src_blocks, dst_blocks, 16, len(src_blocks) * 16 - 2, True)
+    assert descriptors(arrays, 1, end) == expected
+
+
+PLAIN_FORMS: list[Callable[[list[int]], Any]] = [
+    *SOURCE_FORMS,
+    lambda v: np.array(v, dtype=np.int64).view(LoggedArray),
+    lambda v: torch.tensor(v).as_subclass(LoggedTensor),
+]
+
+
+@pytest.mark.parametrize("form", PLAIN_FORMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plans_hold_only_ints_and_base_class_arrays(
+    form: Callable[[list[int]], Any], dtype: Any, log: list[str]
+) -> None:
+    d = np.dtype(dtype)
+    column = form([0, 60_000])
+    plans: list[CopyPlan | BlockPlan] = [
+        read_copies(np.int64(0), column, column, column, d, d, d),
+        read_copies(0, column, column, np.uint8(5), d, d, d),
+    ]
+    blocks = form([3, 1])
+    for coalesce in (True, False):
+        block_plan = read_block_copies(
+            np.uint32(0), np.int64(64), 128, blocks, blocks, np.int16(8), coalesce=coalesce,
+            src_dtype=d, dst_dtype=d,
+        )  # fmt: skip
+        plans.append(block_plan)
+    for plan in plans:
+        for value in plan_values(plan):
+            assert value is None or type(value) in (int, np.ndarray), (plan, value)
+
+
+def test_a_copy_plan_is_in_the_destination_dtypes() -> None:
+    i64, u64 = np.dtype(np.int64), np.dtype(np.uint64)
+    plan = read_copies(0, [2**63 + 1], np.array([7], dtype=np.int32), [5], i64, u64, u64)
+    assert plan.sources.dtype == i64
+    assert plan.sources.tolist() == [2**63 + 1 - 2**64]
+    assert plan.destinations.dtype == u64
+    assert isinstance(plan.byte_counts, np.ndarray)
+    assert plan.byte_counts.dtype == u64
+    assert (plan.first, plan.k) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("src_blocks", "dst_blocks", "runs"),
+    [([], [], 0), ([4], [2], 1), ([0, 1, 2], [5, 6, 7], 1), ([0, 1, 5], [2, 3, 0], 2),
+     ([6, 3, 5, 0], [1, 4, 2, 7], 4)],
+)  # fmt: skip
+def test_a_block_plan_says_how_many_descriptors_it_writes(
+    src_blocks: list[int], dst_blocks: list[int], runs: int
+) -> None:
+    i64 = np.dtype(np.int64)
+    plan = read_block_copies(2, 0, 0, src_blocks, dst_blocks, 8, src_dtype=i64, dst_dtype=i64)
+    assert plan.runs == runs
+    assert plan.blocks == len(src_blocks)
+    assert write_block_copies(make_arrays(8), 8, plan) == 2 + runs
+    unmerged = read_block_copies(
+        2, 0, 0, src_blocks, dst_blocks, 8, coalesce=False, src_dtype=i64, dst_dtype=i64
+    )
+    assert unmerged.runs == len(src_blocks)
+
+
+def span_error(error: type[Exception]) -> bool:
+    """Whether *error* is one that only the writer, which knows the length, can raise."""
+    return error in (CapacityError, IndexError)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("change", "error", "fragments"), ERROR_CASES)
+def test_read_copies_rejects_what_add_copies_rejects(
+    change: dict[str, Any], error: type[Exception], fragments: Sequence[str], dtype: Any
+) -> None:
+    arrays = make_arrays(4, dtype)
+    d = np.dtype(dtype)
+    kwargs = {**GOOD, **change, "src_dtype": d, "dst_dtype": d, "size_dtype": d}
+    if span_error(error):
+        plan = read_copies(**kwargs)  # the span is the writer's to check
+        with pytest.raises(error) as info:
+            write_copies(arrays, 4, plan)
+    else:
+        with pytest.raises(error) as info:
+            read_copies(**kwargs)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+    assert snapshot(arrays) == [[SENTINEL] * 4] * 3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("change", "error", "fragments"), BLOCK_ERRORS)
+def test_read_block_copies_rejects_what_add_block_copies_rejects(
+    change: dict[str, Any], error: type[Exception], fragments: Sequence[str], dtype: Any
+) -> None:
+    arrays = make_arrays(4, dtype)
+    d = np.dtype(dtype)
+    kwargs = {**BLOCK_GOOD, **change, "src_dtype": d, "dst_dtype": d}
+    if span_error(error):
+        plan = read_block_copies(**kwargs)
+        with pytest.raises(error) as info:
+            write_block_copies(arrays, 4, plan)
+    else:
+        with pytest.raises(error) as info:
+            read_block_copies(**kwargs)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+    assert snapshot(arrays) == [[SENTINEL] * 4] * 3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_plan_that_does_not_fit_writes_nothing(dtype: Any) -> None:
+    # n, not the arrays' length, bounds the writes: here 3 of 4 entries may be written.
+    arrays = make_arrays(4, dtype)
+    d = np.dtype(dtype)
+    copies = read_copies(2, [1, 2], [3, 4], 5, d, d, d)
+    blocks = read_block_copies(2, 0, 0, [0, 2], [0, 2], 8, src_dtype=d, dst_dtype=d)
+    one_block = read_block_copies(3, 0, 0, [0, 1], [0, 1], 8, src_dtype=d, dst_dtype=d)
+    with pytest.raises(CapacityError, match=r"add_copies: k=2 copies .* first=2 .* n=3;"):
+        write_copies(arrays, 3, copies)
+    with pytest.raises(CapacityError, match=r"add_block_copies: k=2 descriptors .* n=3;"):
+        write_block_copies(arrays, 3, blocks)
+    with pytest.raises(CapacityError, match=r"k=1 descriptors .* first=3 .* n=3;"):
+        write_block_copies(arrays, 3, one_block)
+    negative = "first must be >= 0, got first=-1"
+    with pytest.raises(IndexError, match=negative):
+        write_copies(arrays, 4, read_copies(-1, [1], [2], 3, d, d, d))
+    with pytest.raises(IndexError, match=negative):
+        write_block_copies(
+            arrays, 4, read_block_copies(-1, 0, 0, [0], [1], 8, src_dtype=d, dst_dtype=d)
+        )
+    assert snapshot(arrays) == [[SENTINEL] * 4] * 3
+
+
+@pytest.mark.parametrize("integer", [int, np.int64, np.uint64, np.int32, np.uint8, np.int8])
+def test_reading_takes_numpy_integers_for_every_integer(integer: Callable[[int], Any]) -> None:
+    d = np.dtype(np.uint64)
+    copies = read_copies(integer(1), [10, 20], [30, 40], integer(5), d, d, d)
+    blocks = read_block_copies(
+        integer(2), integer(64), integer(96), [0, 2], [1, 3], integer(16),
+        total_bytes=integer(20), src_dtype=d, dst_dtype=d,
+    )  # fmt: skip
+    assert (copies.first, copies.byte_counts) == (1, 5)
+    assert (blocks.first, blocks.src_base, blocks.dst_base, blocks.block_bytes) == (2, 64, 96, 16)
+    assert blocks.trim == 12
+    for value in [*plan_values(copies), *plan_values(blocks)]:
+        assert value is None or type(value) in (int, np.ndarray)
+
+
+def test_each_integer_argument_is_read_once() -> None:
+    log: list[str] = []
+    read_copies(LoggedIndex(0, log), [1], [2], 3, *[np.dtype(np.int64)] * 3)
+    assert log == ["__index__"]
+    log.clear()
+    i64 = np.dtype(np.int64)
+    first, src_base, dst_base, block_bytes, total_bytes = (
+        LoggedIndex(v, log) for v in (0, 2**64 - 64, 4096, 32, 30)
+    )
+    read_block_copies(
+        first, src_base, dst_base, [1], [0], block_bytes, total_bytes=total_bytes,
+        src_dtype=i64, dst_dtype=i64,
+    )  # fmt: skip
+    assert log == ["__index__"] * 5
+
+
+# -- hostile inputs ------------------------------------------------------------------------
+
+
+class ShiftingSequence(Sequence[int]):
+    """A sequence that gives the next of *passes* each time it is iterated (a hostile input)."""
+
+    def __init__(self, passes: list[list[Any]]) -> None:
+        self.passes = passes
+        self.current = 0
+
+    def __len__(self) -> int:
+        return len(self.passes[0])
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        return self.passes[min(self.current, len(self.passes) - 1)][index]
+
+    def __iter__(self) -> Iterator[int]:
+        values = self.passes[min(self.current, len(self.passes) - 1)]
+        self.current += 1
+        return iter(values)
+
+
+def test_what_is_checked_is_what_is_written() -> None:
+    # numpy reads a list mixing ints >= 2**63 with others as float64, so such a sequence is
+    # read again, exactly. One that changes between readings must not slip an unchecked value
+    # into the descriptors (here 1.5, which numpy would truncate to 1).
+    readings: list[list[Any]] = [[3, 2**63 + 3], [7, 2**63 + 9], [1.5, 2**63 + 9]]
+    arrays = make_arrays(2, np.uint64)
+    add_copies(arrays, 0, ShiftingSequence(readings), [1, 2], 8)
+    assert unsigned(arrays[0]) in readings[:2]
+
+
+class ReleasingInput(collections.abc.Sequence[int]):
+    """An integer sequence whose reading releases *handle* and hands its buffer out again."""
+
+    def __init__(self, pool: BucketPool, handle: bucketpool.BufferHandle) -> None:
+        self.pool, self.handle = pool, handle
+        self.thief: bucketpool.BufferHandle | None = None
+
+    def _steal(self) -> None:
+        if self.thief is None:
+            self.handle.release()
+            self.thief = self.pool.acquire(self.handle.n)
+            self.thief.buffers.src_ptrs.fill_(7)
+
+    def __len__(self) -> int:
+        self._steal()
+        return 2
+
+    @typing.overload
+    def __getitem__(self, index: int) -> int: ...
+    @typing.overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        self._steal()
+        if isinstance(index, slice):
+            return [100, 101][index]
+        if index >= 2:
+            raise IndexError(index)
+        return 100 + index
+
+    def __index__(self) -> int:
+        self._steal()
+        return 0
+
+
+# Issue 18 (the third hostile review), case 5.
+@pytest.mark.parametrize("where", ["first", "sources", "count"])
+def test_a_fill_whose_input_releases_the_handle_writes_nothing(where: str) -> None:
+    pool = BucketPool()
+    handle = pool.acquire(4)
+    calling_back = ReleasingInput(pool, handle)
+    fills: dict[str, Callable[[], object]] = {
+        "first": lambda: handle.add_copies(calling_back, [1, 2], [3, 4], 8),
+        "sources": lambda: handle.add_copies(0, calling_back, [3, 4], 8),
+        "count": lambda: handle.shrink(calling_back),
+    }
+    with pytest.raises(ReleaseError):
+        fills[where]()
+    thief = calling_back.thief
+    assert thief is not None
+    assert thief.buffers.src_ptrs.tolist() == [7] * 4  # the new holder's entries untouched
+    assert thief.n == 4
+    thief.release()

@@ -1,0 +1,826 @@
+"""Signals, finalisers and fork: an interrupt, a collected generator or a fork loses nothing."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import itertools
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+import types
+import typing
+import warnings
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Literal
+
+import pytest
+from _events import ScriptedEvent
+from _helpers import (
+    PACKAGE_DIR,
+    TRIPLE_16,
+    abandon_in_cycle,
+    blocked_in_fork_handler,
+    check_pool_consistent,
+    exit_child,
+    fork,
+    in_finaliser,
+    in_package,
+    run_script,
+    stack_in_package,
+    wait_for_child,
+    waiting_at,
+)
+
+from bucketpool import (
+    BucketPool,
+    BufferHandle,
+    PoolError,
+    ReleaseError,
+    _lock,
+)
+from bucketpool._ledger import Ledger
+from bucketpool._settings import DebugLevel
+from bucketpool.compat import DescriptorBufferPool
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+#: How long a helper thread waits for the situation a test needs: a failure guard only.
+GUARD_S = 60.0
+
+
+# -- calls from inside a move (a finaliser or a signal handler that interrupted one) -------
+
+
+def test_acquire_from_inside_the_pool_raises_instead_of_deadlocking() -> None:
+    pool = BucketPool()
+    with pool._lock, pytest.raises(PoolError, match="finaliser or signal handler"):
+        pool.acquire(3)  # what a finaliser run under the lock would do
+    with pool.acquire(3):
+        pass
+    assert pool.stats().active_requests.current == 0
+
+
+@pytest.mark.parametrize(
+    ("operation", "call"),
+    [
+        ("trim", lambda pool: pool.trim(0)),
+        ("trim", lambda pool: pool.empty_cache()),
+        ("reserve", lambda pool: pool.reserve(3)),
+        ("collect", lambda pool: pool.collect()),
+        ("synchronize", lambda pool: pool.synchronize()),
+        ("stats", lambda pool: pool.stats()),
+        ("outstanding", lambda pool: pool.outstanding()),
+        ("reset_peak_stats", lambda pool: pool.reset_peak_stats()),
+    ],
+)
+def test_every_operation_from_inside_the_pool_raises_and_changes_nothing(
+    operation: str, call: Callable[[BucketPool], object]
+) -> None:
+    """A finaliser or signal handler that interrupted this thread inside the pool finds its
+    records half-way through a change: trimming or reserving there corrupted them."""
+    pool = BucketPool()
+    for n in (3, 40, 3):
+        with pool.acquire(n):
+            pass
+    handle = pool.acquire(3)
+    before = pool.stats()
+    with pool._lock, pytest.raises(PoolError, match=f"^{operation} was called from a finaliser"):
+        call(pool)
+    assert pool.stats() == before
+    handle.release()
+    stats = pool.stats()
+    assert stats.allocations.current == sum(b.cached + b.active + b.parked for b in stats.buckets)
+
+
+def test_a_release_from_inside_the_pool_waits_in_the_inbox() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(3)
+    with pool._lock:  # as a finaliser that interrupted this thread inside the pool
+        handle.release()
+        # queued: the lock is never waited for here
+        assert sum(len(b.inbox) for b in pool._buckets) == 1
+    assert pool.stats().active_requests.current == 0  # drained by the next operation
+    assert handle.released
+    assert pool.stats().cached_bytes == TRIPLE_16
+    assert not any(b.inbox for b in pool._buckets)
+
+
+def test_a_deferred_release_counts_as_released_at_once(pool: BucketPool) -> None:
+    handle = pool.acquire(3)
+    with pool._lock:  # as a finaliser that interrupted this thread inside the pool
+        handle.release()
+    assert handle.released
+    with pytest.raises(ReleaseError):
+        handle.release()
+    stats = pool.stats()  # drains the inbox
+    assert stats.active_requests.current == 0
+    assert [b.cached for b in stats.buckets] == [1]  # back in the cache, not lost
+
+
+# -- with blocks closed by the garbage collector -------------------------------------------
+
+
+def test_a_with_block_closed_by_gc_inside_the_pool_lock_does_not_deadlock() -> None:
+    """Issue 10, case 3: a generator's with block, closed by the GC under the pool lock, blocked
+    forever."""
+    pool = BucketPool()
+    queued: list[int] = []
+
+    def collect_inside_the_lock() -> None:
+        with pool._lock:  # as an allocation under the lock in stats() or acquire can do
+            gc.collect()
+            queued.append(sum(len(b.inbox) for b in pool._buckets))
+
+    thread = threading.Thread(target=collect_inside_the_lock, daemon=True)
+    gc.collect()
+    gc.disable()  # the collection must happen inside the lock, not at some allocation before
+    try:
+        abandon_in_cycle(pool, 8)
+        assert pool.stats().active_requests.current == 1
+        thread.start()
+        thread.join(timeout=30)
+    finally:
+        gc.enable()
+    assert not thread.is_alive(), "deadlock: the with block's exit waited for the pool lock"
+    assert queued[0] > 0  # collected there: its release waited in the inbox
+    stats = pool.stats()  # the next operation takes back what the exit queued
+    assert stats.active_requests.current == 0
+    assert stats.cached_bytes == TRIPLE_16
+    assert pool.outstanding() == []
+
+
+# Issue 18 (the third hostile review), case 2.
+def test_a_collected_with_exit_inside_one_pool_never_waits_for_another() -> None:
+    # Thread T is inside pool B (as an allocation there can run the collector) and closes a
+    # generator suspended in `with A.acquire(1):`; meanwhile thread M, inside pool A, uses
+    # B (as a signal handler would).  With a lock per pool each waited for the other.
+    # Forced: T closes the generator only once M is seen waiting to enter A (or inside it).
+    a, b = BucketPool(), BucketPool()
+    held_b = b.acquire(2)
+
+    def suspended() -> Generator[None, None, None]:
+        with a.acquire(1):
+            yield
+
+    generator = suspended()
+    next(generator)
+    t_inside = threading.Event()
+    m_inside = threading.Event()
+    closed_inside: list[bool] = []
+    m_seen_waiting: list[bool] = []
+
+    def thread_t() -> None:
+        with b._lock:
+            t_inside.set()
+            deadline = time.monotonic() + GUARD_S  # a failure guard only
+            while not m_inside.is_set() and time.monotonic() < deadline:
+                if waiting_at(threads[1], "with a._lock:"):
+                    m_seen_waiting.append(True)  # with one lock M cannot get in: T goes on
+                    break
+                time.sleep(0)
+            generator.close()
+            closed_inside.append(True)
+
+    def thread_m() -> None:
+        t_inside.wait()
+        with a._lock:
+            m_inside.set()
+            held_b.release()  # queued: it never waits for a lock
+
+    threads = [threading.Thread(target=thread_t, daemon=True)]
+    threads.append(threading.Thread(target=thread_m, daemon=True))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=GUARD_S)
+    assert not any(thread.is_alive() for thread in threads), "the two pools deadlocked"
+    assert m_seen_waiting == [True]  # the interleaving the test needs did happen
+    assert closed_inside == [True]
+    assert a.outstanding() == []
+    assert b.outstanding() == []
+
+
+# -- signals: a real SIGALRM storm -------------------------------------------------------------
+
+
+class PoolInterrupts:
+    """A SIGALRM handler that raises `KeyboardInterrupt` while armed, only inside the pool's
+    own code, and never in a finaliser (where Python discards exceptions: see docs/design.md on
+    signals), so the test's own bookkeeping is never interrupted.  ``sites`` counts where
+    the interrupts landed (the innermost function of the package)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.count = 0
+        self.sites: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, signum: int, frame: types.FrameType | None) -> None:
+        if not self.armed or in_finaliser(frame) or not in_package(frame):
+            return
+        while frame is not None and not frame.f_code.co_filename.startswith(PACKAGE_DIR):
+            frame = frame.f_back
+        assert frame is not None
+        self.count += 1
+        self.sites[frame.f_code.co_name] += 1
+        raise KeyboardInterrupt
+
+
+#: A storm runs until this many interrupts have landed inside the pool's code...
+STORM_INTERRUPTS = 1000
+#: ... or fails after this many steps: a bound, so that a storm that misses fails, loudly.
+STORM_MAX_STEPS = 400_000
+
+
+def storm(interrupt: PoolInterrupts, step: Callable[[int], None], interval: float) -> int:
+    """Run *step* (1, 2, ...) under a SIGALRM every *interval* seconds until
+    `STORM_INTERRUPTS` interrupts landed inside the pool; return the steps it took.
+
+    The storm is counted, not timed: however slow or loaded the machine, it ends when the
+    interrupts it needs have happened, and fails if `STORM_MAX_STEPS` steps did not get
+    them.  The collector is off meanwhile, so that no finaliser it runs is interrupted.
+    """
+    assert threading.current_thread() is threading.main_thread()
+    gc.collect()
+    gc.disable()
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, interval, interval)
+    steps = 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # leaks of interrupted acquires, stale writes
+            while interrupt.count < STORM_INTERRUPTS and steps < STORM_MAX_STEPS:
+                steps += 1
+                step(steps)
+            gc.enable()
+            gc.collect()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        signal.signal(signal.SIGALRM, previous)
+        gc.enable()
+    assert interrupt.count >= STORM_INTERRUPTS, (
+        f"only {interrupt.count} of {STORM_INTERRUPTS} interrupts landed inside the pool "
+        f"in {steps:,} steps"
+    )
+    assert len(interrupt.sites) >= 3, interrupt.sites  # spread over the pool's code
+    return steps
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def test_keyboard_interrupts_inside_the_pool_never_leak_its_lock() -> None:
+    """Issue 10, case 4: a signal handler's exception between taking the lock and `try`
+    leaked the lock."""
+    pool = BucketPool()
+    interrupt = PoolInterrupts()
+    kept: list[BufferHandle] = []  # handles whose release was interrupted
+
+    def step(number: int) -> None:
+        handle = None
+        interrupt.armed = True
+        try:
+            handle = pool.acquire(number % 40)
+            if number % 2:
+                with handle:
+                    pass
+            else:
+                handle.release()
+        except KeyboardInterrupt:
+            pass
+        interrupt.armed = False
+        if handle is not None and not handle.released:
+            kept.append(handle)
+
+    storm(interrupt, step, 1e-4)
+
+    def use_from_another_thread() -> None:
+        with pool.acquire(5) as bufs:
+            bufs.sizes.fill_(1)
+
+    thread = threading.Thread(target=use_from_another_thread, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "deadlock: an interrupt left the pool's lock held"
+    stats = pool.stats()
+    assert stats.active_requests.current == len(kept)
+    assert sum(b.active for b in stats.buckets) == len(kept)
+    assert len(pool.outstanding()) == len(kept)
+    for handle in kept:
+        handle.release()
+    assert pool.stats().active_requests.current == 0
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+@pytest.mark.parametrize("mode", ["off", "checks", "strict", "compat"])
+def test_a_signal_storm_loses_no_buffer(mode: DebugLevel | Literal["compat"]) -> None:
+    """Issue 10, case 4: interrupts anywhere in the pool's code, also while parking,
+    retiring, verifying and trimming: afterwards every buffer the pool counts is cached,
+    held or parked, and every one comes back."""
+    adapter = DescriptorBufferPool() if mode == "compat" else None
+    level = "off" if mode == "compat" else mode
+    pool = adapter.pool if adapter else BucketPool(debug=level, max_cached_per_bucket=2)
+    interrupt = PoolInterrupts()
+    kept: list[BufferHandle] = []
+
+    def step(number: int) -> None:
+        event = ScriptedEvent(False, False) if number % 3 == 0 else None  # done when asked thrice
+        handle = None
+        interrupt.armed = True
+        try:
+            if adapter is not None:
+                bufs = adapter.acquire(number % 70)
+                adapter.release(bufs, event=event)
+            else:
+                handle = pool.acquire(number % 70)
+                if event is not None:
+                    handle.record_event(event)
+                if number % 2:
+                    with handle:
+                        pass
+                else:
+                    handle.release()
+                if number % 50 == 0:
+                    pool.collect()
+        except KeyboardInterrupt:
+            pass
+        interrupt.armed = False
+        if handle is not None and not handle.released:
+            kept.append(handle)
+
+    storm(interrupt, step, 5e-5)
+    for handle in kept:
+        handle.release()
+    kept.clear()
+    pool.synchronize()
+    stats = pool.stats()
+    assert stats.allocations.current == sum(b.cached + b.active + b.parked for b in stats.buckets)
+    assert stats.active_requests.current == 0
+    assert stats.parked == 0
+    assert pool.outstanding() == []
+    assert stats.cached_bytes == sum(b.cached * b.capacity * 24 for b in stats.buckets)
+
+
+def _interrupt_at_call(number: int) -> Callable[[types.FrameType, str, Any], Any]:
+    """A tracer that raises KeyboardInterrupt when the *number*th Python call begins.
+
+    A signal handler runs where a Python function begins, so this is where a Ctrl-C lands.
+    """
+    seen = [0]
+
+    def tracer(frame: types.FrameType, event: str, arg: Any) -> Any:
+        if event == "call":
+            seen[0] += 1
+            if seen[0] == number:
+                raise KeyboardInterrupt
+        return None
+
+    return tracer
+
+
+# Issue 18 (the third hostile review), case 7.
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_an_interrupted_release_changes_nothing_the_holder_sees(level: DebugLevel) -> None:
+    pool = BucketPool(debug=level)
+    interrupted_held = 0
+    for number in range(1, 400):
+        handle = pool.acquire(4)
+        handle.add_copies(0, [11, 12], [21, 22], [5, 6])
+        sys.settrace(_interrupt_at_call(number))
+        try:
+            handle.release()
+        except KeyboardInterrupt:
+            pass
+        else:
+            sys.settrace(None)
+            break  # no call left to interrupt
+        finally:
+            sys.settrace(None)
+        if not handle.released:
+            interrupted_held += 1
+            assert handle.arrays[2][:2].tolist() == [5, 6]  # not poisoned
+            handle.arrays[0][0] = 11  # still writable
+            handle.release()
+        assert pool.stats().active_requests.current == 0
+    else:
+        pytest.fail("the release never ran to its end")
+    assert interrupted_held > 0  # some interrupts did land before the release took effect
+
+
+# -- signals: an interrupt at each point where a handler can run, one by one ------------
+
+
+class InjectedInterrupt(KeyboardInterrupt):
+    """What a signal handler raised, injected at a chosen point of a pool call."""
+
+
+def _package_code(frame: types.FrameType | None) -> bool:
+    return frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR)
+
+
+class InterruptAt:
+    """A profile function (`sys.setprofile`) that raises `InjectedInterrupt` at the *at*-th
+    point of a pool call where CPython can run a signal handler: the entry of a function
+    of the package or one the package calls, and the return of a call made from the
+    package's code.  Points in finalisers are left out (Python discards what a handler
+    raises there).  ``points`` counts the points passed; ``where`` names the one
+    interrupted."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.points = 0
+        self.where: str | None = None
+
+    def __call__(self, frame: types.FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            if not (_package_code(frame) or _package_code(frame.f_back)):
+                return
+        elif event != "c_return" or not _package_code(frame):
+            return
+        if in_finaliser(frame):
+            return
+        self.points += 1
+        if self.points == self.at:
+            self.where = f"{event} {frame.f_code.co_name}:{frame.f_lineno} ({arg!r})"
+            sys.setprofile(None)
+            raise InjectedInterrupt
+
+
+Call: typing.TypeAlias = Callable[[], None]
+
+
+def _with_block(level: DebugLevel) -> tuple[BucketPool, Call]:
+    pool = BucketPool(debug=level, max_cached_per_bucket=2, idle_trim_acquires=4)
+
+    def work() -> None:
+        with pool.acquire(20) as bufs:
+            bufs.sizes.fill_(1)
+
+    return pool, work
+
+
+def _parked_release(level: DebugLevel) -> tuple[BucketPool, Call]:
+    pool = BucketPool(debug=level, max_cached_per_bucket=2, idle_trim_acquires=4)
+
+    def work() -> None:
+        handle = pool.acquire(20)
+        handle.add_copies(0, [16], [32], 8)
+        handle.record_event(ScriptedEvent(False, after=True))  # parks; done when asked again
+        handle.release()
+        pool.collect()
+
+    return pool, work
+
+
+def _miss_reserve_trim(level: DebugLevel) -> tuple[BucketPool, Call]:
+    pool = BucketPool(debug=level, max_cached_per_bucket=2, idle_trim_acquires=4)
+
+    def work() -> None:
+        with pool.acquire(300):  # a bucket with nothing cached: allocates
+            pass
+        pool.reserve(40)
+        pool.trim(0)
+
+    return pool, work
+
+
+def _compat(level: DebugLevel) -> tuple[BucketPool, Call]:
+    adapter = DescriptorBufferPool()
+
+    def work() -> None:
+        bufs = adapter.acquire(20)
+        adapter.release(bufs, event=ScriptedEvent(False, after=True))  # parks
+        bufs = adapter.acquire(20)
+        adapter.release(bufs)
+        adapter.pool.collect()
+
+    return adapter.pool, work
+
+
+INTERRUPTED_CALLS: dict[str, Callable[[DebugLevel], tuple[BucketPool, Call]]] = {
+    "with block": _with_block,
+    "parked release": _parked_release,
+    "miss, reserve, trim": _miss_reserve_trim,
+    "compat": _compat,
+}
+
+
+def check_nothing_lost(pool: BucketPool, where: str | None) -> None:
+    """After an interrupted call (its dropped handles finalised): no lock held, every buffer
+    in one place and back, and the pool still works."""
+    assert not _lock.inside(), where
+    assert _lock.LOCK.acquire(blocking=False), f"the lock is held after an interrupt at {where}"
+    _lock.LOCK.release()
+    pool.synchronize()
+    stats = check_pool_consistent(pool)
+    assert stats.active_requests.current == 0, where
+    assert stats.parked == 0, where
+    assert stats.allocations.current == sum(b.cached for b in stats.buckets), where
+    assert pool.outstanding() == [], where
+    with pool.acquire(20) as bufs:
+        bufs.sizes.fill_(2)
+
+
+@pytest.mark.parametrize(
+    ("call", "level"),
+    [
+        (call, level)
+        for call in INTERRUPTED_CALLS
+        for level in typing.get_args(DebugLevel)
+        if call != "compat" or level == "off"  # the adapter's pool is at the default level
+    ],
+)
+def test_an_interrupt_at_any_point_of_a_pool_call_loses_nothing(
+    call: str, level: DebugLevel
+) -> None:
+    """Deterministic: the call runs once for each point where a signal handler could raise
+    inside it, interrupted there; every run must leave nothing lost and no lock held."""
+    make = INTERRUPTED_CALLS[call]
+    interrupted: list[str] = []
+    for at in itertools.count(1):
+        assert at < 20_000, "the call never ran to its end uninterrupted"
+        pool, work = make(level)
+        with pool.acquire(20):  # something cached: the call can hit
+            pass
+        inject = InterruptAt(at)
+        gc.disable()  # what this run makes stays in the youngest generation...
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # leaks of interrupted acquires
+                sys.setprofile(inject)
+                try:
+                    work()
+                except InjectedInterrupt:
+                    pass
+                finally:
+                    sys.setprofile(None)
+                gc.collect(0)  # ... so a young collection finalises what the run dropped
+        finally:
+            gc.enable()
+        if inject.where is None:
+            break  # past the last point: the call ran to its end
+        interrupted.append(inject.where)
+        check_nothing_lost(pool, inject.where)
+    assert len(interrupted) >= 10, interrupted  # the call did pass that many points
+
+
+class Interrupt(KeyboardInterrupt):
+    """A signal handler's exception, raised at a chosen point inside the pool."""
+
+
+def interrupt_allocation_accounting(monkeypatch: pytest.MonkeyPatch, *, before: bool) -> None:
+    """Raise `Interrupt` in the miss path: at the entry of the accounting (*before*), or
+    right after the new buffer was made and before it is accounted.
+
+    In CPython 3.11 a signal handler runs at a function's entry and after calls, so both
+    points are ones a real signal can reach; the accounting itself calls nothing.
+    """
+    owner: type = Ledger if before else BucketPool
+    name = "serve" if before else "_new_buffer"
+    real = getattr(owner, name)
+
+    def interrupted(self: object, *args: object, **kwargs: object) -> object:
+        if before and kwargs.get("fresh", args[5] if len(args) > 5 else None) is None:
+            return real(self, *args, **kwargs)  # not the move that counts the new buffer
+        monkeypatch.setattr(owner, name, real)  # once
+        if not before:
+            real(self, *args, **kwargs)
+        raise Interrupt
+
+    monkeypatch.setattr(owner, name, interrupted)
+
+
+def test_an_interrupt_after_counting_an_allocation_keeps_stats_consistent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 10, case 4, a window in the miss path: the buffer is counted, then the interrupt
+    lands."""
+    pool = BucketPool()
+    interrupt_allocation_accounting(monkeypatch, before=False)
+    with pytest.raises(Interrupt):
+        pool.acquire(8)
+    with pool.acquire(8):
+        pass
+    stats = pool.stats()
+    assert stats.allocations.current == sum(b.cached + b.active + b.parked for b in stats.buckets)
+
+
+def test_an_interrupt_before_counting_an_allocation_keeps_hits_non_negative(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 10, case 4, a window in the miss path: the miss is counted, then the interrupt
+    lands."""
+    pool = BucketPool()
+    interrupt_allocation_accounting(monkeypatch, before=True)
+    with pytest.raises(Interrupt):
+        pool.acquire(8)
+    with pool.acquire(8):
+        pass
+    stats = pool.stats()
+    assert stats.hits + stats.misses == 1
+    assert stats.hits >= 0
+
+
+# -- fork ------------------------------------------------------------------------------------
+
+
+@needs_fork
+def test_a_forked_child_gets_a_working_pool_with_the_parents_records() -> None:
+    pool = BucketPool(trace=True)
+    held = pool.acquire(40)
+    with pool.acquire(8):
+        pass
+
+    def child() -> int:
+        records = pool.outstanding()
+        with pool.acquire(40) as bufs:
+            fresh = bufs.src_ptrs.data_ptr() != held.buffers.src_ptrs.data_ptr()
+        return 0 if fresh and [(r.n, r.capacity) for r in records] == [(40, 64)] else 2
+
+    pid = fork()
+    if pid == 0:
+        exit_child(child)
+    assert wait_for_child(pid) == 0
+    held.release()
+
+
+def hold_the_lock_until_the_fork_waits(
+    forker: threading.Thread,
+    inside: Sequence[threading.Thread],
+    holding: threading.Event,
+    seen: dict[str, int],
+) -> Callable[[], None]:
+    """A thread's work: hold the pool's lock, as a move does (*holding* says so), until
+    *forker* is seen blocked on it in the fork handler and every thread of *inside* is seen
+    inside a pool call; then let go.  *seen* says what was seen."""
+
+    def run() -> None:
+        with _lock.LOCK:
+            holding.set()
+            deadline = time.monotonic() + GUARD_S  # a failure guard only
+            while time.monotonic() < deadline:
+                waiting = blocked_in_fork_handler(forker)
+                busy = sum(stack_in_package(thread) for thread in inside)
+                if waiting and busy == len(inside):
+                    seen["forker waiting"], seen["inside"] = 1, busy
+                    return
+                time.sleep(0)  # let the other threads run into the lock
+            seen["gave up"] = 1
+
+    return run
+
+
+def fork_child_work(pool: BucketPool) -> int:
+    """(in a forked child) Real work: whole records, then hand-outs, a trim and a reserve."""
+    before = check_pool_consistent(pool)
+    if before.active_requests.current != len(pool.outstanding()):
+        return 2
+    for n in (3, 7, 8, 9, 100):
+        with pool.acquire(n) as bufs:
+            bufs.sizes.fill_(n)
+            if bufs.sizes.tolist() != [n] * n:
+                return 3
+    held = [pool.acquire(5) for _ in range(3)]
+    if len({handle.buffers.src_ptrs.data_ptr() for handle in held}) != 3:
+        return 4
+    for handle in held:
+        handle.release()
+    pool.trim(0)
+    pool.reserve(16, count=1)
+    after = check_pool_consistent(pool)
+    # What the parent's threads held stays out in the child; nothing else is.
+    return 0 if after.active_requests.current == before.active_requests.current else 5
+
+
+def fork_while_threads_are_inside(pools: Sequence[BucketPool], forks: int) -> None:
+    """Fork *forks* times while a thread per pool hammers it, each fork forced to happen
+    with every hammering thread inside a pool call and the fork handler waiting for the
+    lock; each child does real work with every pool and must exit 0."""
+    stop = threading.Event()
+    errors: list[str] = []
+    operations = [0] * len(pools)
+
+    def hammer(me: int) -> None:
+        pool = pools[me]
+        try:
+            while not stop.is_set():
+                with pool.acquire(7 + 20 * (me % 3)) as bufs:
+                    bufs.sizes.fill_(1)
+                pool.stats()
+                pool.outstanding()
+                operations[me] += 1
+        except BaseException as error:  # reported below
+            errors.append(repr(error))
+
+    hammers = [threading.Thread(target=hammer, args=(i,), daemon=True) for i in range(len(pools))]
+    for thread in hammers:
+        thread.start()
+    codes: list[int] = []
+    sightings: list[dict[str, int]] = []
+    try:
+        for _ in range(forks):
+            seen: dict[str, int] = {}
+            holding = threading.Event()
+            work = hold_the_lock_until_the_fork_waits(
+                threading.current_thread(), hammers, holding, seen
+            )
+            holder = threading.Thread(target=work, daemon=True)
+            holder.start()
+            assert holding.wait(GUARD_S)
+            pid = fork()
+            if pid == 0:
+                exit_child(lambda: max(fork_child_work(pool) for pool in pools))
+            holder.join(GUARD_S)
+            sightings.append(seen)
+            codes.append(wait_for_child(pid))
+    finally:
+        stop.set()
+        for thread in hammers:
+            thread.join(GUARD_S)
+    assert sightings == [{"forker waiting": 1, "inside": len(pools)}] * forks
+    assert codes == [0] * forks
+    assert errors == []
+    assert min(operations) > 0  # every pool was busy
+    for pool in pools:
+        assert check_pool_consistent(pool).active_requests.current == 0
+        assert pool.outstanding() == []
+
+
+@needs_fork
+@pytest.mark.usefixtures("frequent_thread_switches")
+def test_fork_while_other_threads_are_inside_the_pool() -> None:
+    """Issue 10, case 5: os.fork() while another thread was inside a pool call hung the child.
+
+    Forced, never hoped for: a helper thread holds the pool's lock, as a move does, until
+    the forking thread is seen waiting for it in the fork handler and each hammering thread
+    is seen inside a pool call; the fork happens with all of them inside the pool."""
+    pool = BucketPool(max_cached_per_bucket=2, trace=True)
+    fork_while_threads_are_inside([pool, pool, pool], forks=3)
+
+
+@needs_fork
+def test_fork_finishes_with_twelve_busy_pools() -> None:
+    """Issue 18 (the third hostile review), case 1: a fork retried every pool's lock with a
+    short timeout, and never finished with twelve busy pools; one lock, taken blocking, is
+    had as soon as a move ends.  In a fresh interpreter, whose timeout guards a hang."""
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.path.insert(0, "tests")
+        sys.setswitchinterval(1e-4)
+        from test_signals_fork import fork_while_threads_are_inside
+        from bucketpool import BucketPool
+        fork_while_threads_are_inside([BucketPool() for _ in range(12)], forks=5)
+        print("ok")
+        """
+    )
+    result = run_script(script, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+@needs_fork
+def test_fork_while_a_thread_inside_the_pool_drops_a_leaked_handle() -> None:
+    """A thread inside a move of pool B drops a leaked handle of pool A while the fork
+    handler waits for the lock: the handle's finaliser must not wait for the lock too (it
+    queues the release), or both hang.  In a fresh interpreter, whose timeout guards a hang."""
+    script = textwrap.dedent(
+        """
+        import sys, threading, time, warnings
+        sys.path.insert(0, "tests")
+        from _helpers import blocked_in_fork_handler, exit_child, fork, wait_for_child
+        from bucketpool import BucketPool
+        warnings.simplefilter("ignore")
+        a, b = BucketPool(), BucketPool()
+        leaked = [a.acquire(3)]
+        inside = threading.Event()
+        main = threading.main_thread()
+        seen = []
+
+        def inside_b():
+            with b._lock:  # as in a pool call of B, where a collection runs A's finaliser
+                inside.set()
+                deadline = time.monotonic() + 60  # a failure guard only
+                while not blocked_in_fork_handler(main) and time.monotonic() < deadline:
+                    time.sleep(0)
+                seen.append(blocked_in_fork_handler(main))
+                leaked.clear()  # A's handle is finalised here, the fork handler waiting
+            b.stats()
+
+        thread = threading.Thread(target=inside_b)
+        thread.start()
+        inside.wait()
+        pid = fork()
+        if pid == 0:
+            exit_child(lambda: 0 if a.stats().active_requests.current == 0 else 3)
+        code = wait_for_child(pid)
+        thread.join()
+        assert seen == [True], "the fork handler was never seen waiting for the lock"
+        assert code == 0, code
+        assert a.stats().active_requests.current == 0  # drained by this call
+        print("ok")
+        """
+    )
+    result = run_script(script, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
