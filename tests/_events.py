@@ -93,18 +93,32 @@ class FlipEvent:
         self.done = True
 
 
+class DeviceHalt(BaseException):
+    """What a failing event's ``query()`` raises when it is not an `Exception` at all."""
+
+
+#: Every error a test's failing events raise.
+EVENT_ERRORS = (DeviceError, DeviceHalt)
+
+
 class RaisingEvent(FlipEvent):
-    """An event whose ``query()`` raises *raises* times (-1: until finished), then reports."""
+    """An event whose ``query()`` raises *raises* times (-1: until finished), then reports.
 
-    __slots__ = ("raises",)
+    It raises a `DeviceError`, or with *halt* a `DeviceHalt` (a `BaseException`).
+    """
 
-    def __init__(self, done: bool = False, raises: int = 1) -> None:
+    __slots__ = ("halt", "raises")
+
+    def __init__(self, done: bool = False, raises: int = 1, halt: bool = False) -> None:
         super().__init__(done)
         self.raises = raises
+        self.halt = halt
 
     def query(self) -> bool:
         if self.raises:
             self.raises -= self.raises > 0
+            if self.halt:
+                raise DeviceHalt("query failed: driver halted")
             raise DeviceError("query failed: device lost")
         return super().query()
 

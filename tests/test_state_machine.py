@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import copy
 import functools
@@ -19,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
-from _events import DeviceError, FlipEvent, NoQuery, RaisingEvent, WaitableFlipEvent
+from _events import EVENT_ERRORS, FlipEvent, NoQuery, RaisingEvent, WaitableFlipEvent
 from _helpers import (
     ENTRY_BYTES,
     FIELDS,
@@ -447,14 +448,66 @@ class PoolMachine(RuleBasedStateMachine):
         self.do_release(tracked, through_pool=False)
 
     @precondition(lambda self: self.live)
-    @rule(data=st.data(), always=st.booleans(), done=st.booleans())
-    def release_with_failing_event(self, data: st.DataObject, always: bool, done: bool) -> None:
-        """An event whose query() raises once (then reports *done*) or until finished."""
+    @rule(data=st.data(), streams=st.integers(2, 4))
+    def release_on_streams(self, data: st.DataObject, streams: int) -> None:
+        """Copies on several streams, one event each: they complete in any order."""
         tracked = data.draw(st.sampled_from(self.live), label="handle")
-        event = RaisingEvent(done, raises=-1 if always else 1)
+        for _ in range(streams):
+            event = FlipEvent()
+            tracked.handle.record_event(event)
+            tracked.events.append(event)
+        self.do_release(tracked, through_pool=False)
+
+    @precondition(lambda self: any(t.pending for t in self.pending))
+    @rule(data=st.data())
+    def complete_newest_first(self, data: st.DataObject) -> None:
+        """The streams of the most recently parked buffers finish first."""
+        waiting = [e for t in reversed(self.pending) for e in reversed(t.events) if not e.settled]
+        count = data.draw(st.integers(1, len(waiting)), label="count")
+        before = self.pool.stats()
+        for event in waiting[:count]:
+            event.finish()
+        self.expect_unchanged(before)
+        self.refresh_pending()
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), always=st.booleans(), done=st.booleans(), halt=st.booleans())
+    def release_with_failing_event(
+        self, data: st.DataObject, always: bool, done: bool, halt: bool
+    ) -> None:
+        """An event whose query() raises once (then reports *done*) or until finished.
+
+        With *halt* it raises a `BaseException` that is not an `Exception`.
+        """
+        tracked = data.draw(st.sampled_from(self.live), label="handle")
+        event = RaisingEvent(done, raises=-1 if always else 1, halt=halt)
         tracked.handle.record_event(event)
         tracked.events.append(event)
         self.do_release(tracked, through_pool=data.draw(st.booleans(), label="through_pool"))
+
+    # -- fills whose inputs call back ----------------------------------------------------
+
+    @precondition(lambda self: any(t.n and not t.events for t in self.live))
+    @rule(data=st.data(), where=st.sampled_from(["first", "sources", "byte_counts", "shrink"]))
+    def fill_whose_input_releases(self, data: st.DataObject, where: str) -> None:
+        """Reading an input releases the handle: the fill raises and writes nothing."""
+        tracked = data.draw(
+            st.sampled_from([t for t in self.live if t.n and not t.events]), label="handle"
+        )
+        calling_back = _ReleasingInput(lambda: self.do_release(tracked, through_pool=False))
+        handle = tracked.handle
+        fills: dict[str, Callable[[], object]] = {
+            "first": lambda: handle.add_copies(calling_back, [4096], [8192], 8),
+            "sources": lambda: handle.add_copies(0, calling_back, [8192], 8),
+            "byte_counts": lambda: handle.add_copies(0, [4096], [8192], calling_back),
+            "shrink": lambda: handle.shrink(calling_back),
+        }
+        with pytest.raises(ReleaseError):
+            fills[where]()
+        assert calling_back.released
+        assert handle.released
+        if self.pool.settings.debug == "off":  # the debug levels poison a released buffer
+            assert has_pattern(tracked.arrays, tracked.pattern), "the fill wrote after release"
 
     # -- a second holder, the garbage collector, fork ----------------------------------------
 
@@ -525,7 +578,7 @@ class PoolMachine(RuleBasedStateMachine):
         release = functools.partial(self.pool.release, handle) if through_pool else handle.release
         if raising:
             # The error is the releasing caller's; the release took effect all the same.
-            with pytest.raises(DeviceError):
+            with pytest.raises(EVENT_ERRORS):
                 release()
         else:
             release()
@@ -591,7 +644,7 @@ class PoolMachine(RuleBasedStateMachine):
         raising = any(t.raising for t in self.pending)
         try:
             retired = self.pool.collect()
-        except DeviceError:
+        except EVENT_ERRORS:
             assert raising, "collect raised an error no parked event raised"
         else:
             if not raising:
@@ -625,7 +678,7 @@ class PoolMachine(RuleBasedStateMachine):
         if failing:
             # Every event is waited for, so each failing one raises; the first error
             # reaches the caller and those buffers stay parked.
-            with pytest.raises(DeviceError):
+            with pytest.raises(EVENT_ERRORS):
                 self.pool.synchronize()
         else:
             self.pool.synchronize()
@@ -817,6 +870,39 @@ class PoolMachine(RuleBasedStateMachine):
             with contextlib.suppress(Exception):
                 tracked.handle.release()
         self.live = []
+
+
+class _ReleasingInput(collections.abc.Sequence[int]):
+    """One copy's worth of an input (the value 0) whose first reading runs *release*."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release = release
+        self.released = False
+
+    def _read(self) -> None:
+        if not self.released:
+            self.released = True
+            self._release()
+
+    def __len__(self) -> int:
+        self._read()
+        return 1
+
+    @typing.overload
+    def __getitem__(self, index: int) -> int: ...
+    @typing.overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        self._read()
+        if isinstance(index, slice):
+            return [0][index]
+        if index != 0:
+            raise IndexError(index)
+        return 0
+
+    def __index__(self) -> int:
+        self._read()
+        return 0
 
 
 def _check_forked_pool(pool: BucketPool, live: list[tuple[int, int]], taken: set[int]) -> int:
