@@ -40,11 +40,26 @@ from bucketpool._types import (
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["HELD", "LEAK", "VIEW_SETS", "Bucket", "Buffer", "Entry", "Views"]
+__all__ = [
+    "HELD",
+    "LEAK",
+    "VIEW_SETS",
+    "Bucket",
+    "Buffer",
+    "Entry",
+    "GuardViews",
+    "MakeHolder",
+    "Views",
+]
 
 #: View sets cached per buffer, one per recent n.  Chosen by measurement (see the
 #: benchmark's log-uniform traces; the trade is in docs/design.md, "The view cache").
 VIEW_SETS = 16
+
+#: Makes a hand-out's guarded views (`bucketpool._guard.guarded_views`): (buffer, token, n).
+GuardViews = Callable[["Buffer", int, int], tuple[torch.Tensor, ...]]
+#: Makes the tuple a compat adapter hands out with a buffer, and its id (`bucketpool.compat`).
+MakeHolder = Callable[["Buffer", bool], tuple[object, int]]
 
 _empty = torch.empty  # bound at import: a test that patches torch.empty does not reach us
 
@@ -121,7 +136,9 @@ class Buffer:
         "whole",
     )
 
-    def __init__(self, bucket: Bucket, dtype: torch.dtype, pin_memory: bool, guard: bool) -> None:
+    def __init__(
+        self, bucket: Bucket, dtype: torch.dtype, pin_memory: bool, guard: GuardViews | None
+    ) -> None:
         self.bucket = bucket
         capacity = bucket.capacity
         self.base = _empty(FIELDS * capacity, dtype=dtype, pin_memory=pin_memory)
@@ -131,10 +148,11 @@ class Buffer:
         #: they are never handed out, so no holder can change them.
         self.arrays = _field_arrays(self.base, capacity)
         self.views: dict[int, Views] = {}
-        # At debug level strict every hand-out gets guarded views of its own: an impossible
-        # version sends every hand-out past the cache.
+        # At debug level strict every hand-out gets guarded views of its own, made by
+        # *guard* (`bucketpool._guard.guarded_views`): an impossible version sends every
+        # hand-out past the cache.
         self.guard = guard
-        self.version = -1 if guard else self.base._version
+        self.version = -1 if guard is not None else self.base._version
         #: The hand-out that holds it: its token (> 0); 0 when cached or freed; minus the
         #: token of the hand-out it waits for while parked.
         self.token = 0
@@ -162,8 +180,9 @@ class Buffer:
         Checks the cached sets first if anything changed a view since the last look.
         """
         if self.base._version != self.version:
-            if self.guard:  # one guarded set per hand-out
-                return self.current if self.current is not None else self._guarded(n)
+            guard = self.guard
+            if guard is not None:  # one guarded set per hand-out
+                return self.current if self.current is not None else self._guarded(guard, n)
             self._repair()
         views = self.views
         found = views.get(n)
@@ -190,10 +209,8 @@ class Buffer:
         views._buffer = self
         return views
 
-    def _guarded(self, n: int) -> Views:
-        from bucketpool import _guard  # strict only: torch's subclass machinery, loaded late
-
-        views = tuple.__new__(Views, _guard.guarded_views(self, self.token, n))
+    def _guarded(self, guard: GuardViews, n: int) -> Views:
+        views = tuple.__new__(Views, guard(self, self.token, n))
         views._buffer = self
         return views
 
@@ -243,7 +260,7 @@ class Buffer:
         in_step = self.base._version == self.version
         for view in views:
             view.resize_(count)
-        if not self.guard:
+        if self.guard is None:
             if in_step:
                 self.version = self.base._version  # our own change, not a holder's
             if self.views.get(self.n) is views:

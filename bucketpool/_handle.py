@@ -23,7 +23,7 @@ from bucketpool._types import CompletionEvent, DescriptorArrays, DescriptorBuffe
 
 if TYPE_CHECKING:
     from bucketpool._buffer import Buffer
-    from bucketpool._pool import BucketPool
+    from bucketpool._types import PoolCore
 
 __all__ = ["BufferHandle"]
 
@@ -44,7 +44,7 @@ class BufferHandle:
     # A plain __slots__ class: handles are made on the hot path without calling __init__.
     __slots__ = ("_buffer", "_n", "_pool", "_token")
 
-    _pool: BucketPool
+    _pool: PoolCore
     _buffer: Buffer
     _token: int  # the hand-out's token; 0 once this handle released it
     _n: int
@@ -114,7 +114,7 @@ class BufferHandle:
             ReleaseError: the handle has been released.
         """
         buffer = self._live("arrays")
-        if buffer.guard:
+        if buffer.guard is not None:
             return _guard.guarded_arrays(buffer, buffer.n)
         return buffer.field_arrays(buffer.n)
 

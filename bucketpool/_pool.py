@@ -18,9 +18,9 @@ from typing import SupportsIndex
 
 import torch
 
-from bucketpool import _verify
+from bucketpool import _guard, _verify
 from bucketpool._buckets import check_count, check_non_negative_count
-from bucketpool._buffer import Bucket, Buffer
+from bucketpool._buffer import Bucket, Buffer, MakeHolder
 from bucketpool._errors import ReleaseError
 from bucketpool._handle import BufferHandle
 from bucketpool._inbox import drain, warn
@@ -33,14 +33,11 @@ from bucketpool._settings import DEBUG_LEVELS, DebugLevel, Settings, resolve_set
 from bucketpool._stats import OutstandingBuffer, PoolStats, build_stats, outstanding_of
 from bucketpool._types import CompletionEvent
 
-__all__ = ["BucketPool", "MakeHolder"]
+__all__ = ["BucketPool"]
 
 _new = object.__new__
 _getframe = sys._getframe
 _is_owned = owned
-
-#: Makes the tuple a compat adapter hands out with a buffer (see `bucketpool.compat`).
-MakeHolder = Callable[[Buffer, bool], tuple[object, int]]
 
 
 @typing.final
@@ -195,7 +192,8 @@ class BucketPool:
     def _new_buffer(self, bucket: Bucket, make: MakeHolder | None) -> Buffer:
         """A new buffer, outside the lock (pinning can take milliseconds)."""
         s = self._settings
-        buffer = Buffer(bucket, s.dtype, s.pin_memory, self._level == 2)
+        guard = _guard.guarded_views if self._level == 2 else None
+        buffer = Buffer(bucket, s.dtype, s.pin_memory, guard)
         buffer.pool_ref = self._self_ref
         if make is not None:
             buffer.next_holder, buffer.next_id = make(buffer, True)

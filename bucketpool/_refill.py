@@ -7,20 +7,27 @@ the ledger's moves or runs outside the lock.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from bucketpool._buffer import Bucket
-from bucketpool._ledger import EMPTY, NEEDS_HOLDER, SETTLE
+from bucketpool._buffer import Bucket, Buffer, MakeHolder
+from bucketpool._ledger import EMPTY, NEEDS_HOLDER, SETTLE, Ledger
 from bucketpool._parking import poll
 
-if TYPE_CHECKING:
-    from bucketpool._pool import BucketPool, MakeHolder
+
+class _Pool(Protocol):
+    """What this needs of its pool (a `bucketpool.BucketPool`)."""
+
+    _ledger: Ledger
+
+    def _drain(self, only: Bucket | None = None) -> None: ...
+    def _new_buffer(self, bucket: Bucket, make: MakeHolder | None) -> Buffer: ...
+
 
 __all__ = ["serve_slowly"]
 
 
 def serve_slowly(
-    pool: BucketPool,
+    pool: _Pool,
     bucket: Bucket,
     n: int,
     holder: object,

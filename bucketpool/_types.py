@@ -21,6 +21,7 @@ __all__ = [
     "DescriptorBuffers",
     "IntArray",
     "IntegerInput",
+    "PoolCore",
     "ViewOwner",
 ]
 
@@ -49,6 +50,16 @@ class CompletionEvent(Protocol):
     def query(self) -> bool:
         """Return whether the work recorded before the event has finished."""
         ...
+
+
+class PoolCore(Protocol):
+    """What a handle needs of the pool that handed it out (a `bucketpool.BucketPool`)."""
+
+    _watching: bool  # record release sites (tracing or a debug level)
+    _full_stack: bool  # the whole stack, not only the file and line
+    _level: int  # the debug level's index: 0 off, 1 checks, 2 strict
+
+    def _drain(self) -> None: ...
 
 
 class ViewOwner(Protocol):

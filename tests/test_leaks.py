@@ -15,6 +15,7 @@ from _helpers import TRIPLE_16, abandon_in_cycle, line_of, run_script
 
 from bucketpool import (
     BucketPool,
+    DebugLevel,
     LeakWarning,
     OutstandingBuffer,
 )
@@ -97,6 +98,23 @@ def test_leaks_are_reported_once_per_site_and_buffers_come_back(pool: BucketPool
     assert stats.leaks == 6
     assert stats.active_requests.current == 0
     assert stats.allocations.current == 1  # one bucket: reused, never lost and reallocated
+
+
+@pytest.mark.parametrize("level", typing.get_args(DebugLevel))
+def test_two_sites_leaking_the_same_n_warn_once_each_at_their_own_line(level: DebugLevel) -> None:
+    pool = BucketPool(debug=level)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (7, 7, 300, 5000):  # one site, several sizes: one warning
+            pool.acquire(n)  # the first leaking site
+        for _ in range(3):
+            pool.acquire(7)  # the second leaking site
+    leaks = [w for w in caught if issubclass(w.category, LeakWarning)]
+    assert [(w.filename, w.lineno) for w in leaks] == [
+        (__file__, line_of(__file__, "# the first leaking site")),
+        (__file__, line_of(__file__, "# the second leaking site")),
+    ]
+    assert pool.stats().leaks == 7
 
 
 def leak_three(pool: BucketPool) -> None:
