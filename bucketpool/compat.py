@@ -180,7 +180,7 @@ class _Adapter(typing.Generic[_Buffers]):
             fresh, fresh_id = self._make(buffer, True)
             HELD[fresh_id] = HELD.pop(id(held))
             held = fresh
-        return typing.cast("_Buffers", held)
+        return held  # type: ignore[return-value]  # the tuple this adapter's _make made
 
     def _make(self, buffer: Buffer, exclusive: bool) -> tuple[object, int]:
         """A tuple of *buffer*'s whole fields for a hand-out to come, and its ``id()``.
@@ -242,7 +242,12 @@ class _Adapter(typing.Generic[_Buffers]):
             marks = (_verify.site(pool._full_stack), checksum)
         # Made while the hand-out lasts, from the views as they are: never the cached
         # ones, which a racing release could share (the next acquire checks the views).
-        following = self._make(buffer, False)
+        whole = buffer.whole
+        if whole is None or self._aliased:
+            following = self._make(buffer, False)
+        else:
+            following_tuple = tuple.__new__(self._held, whole)
+            following = (following_tuple, id(following_tuple))
         # One move checks the token and ends the hand-out, so that of two releases of one
         # tuple exactly one takes effect, whatever ran between (the event's query()).
         if not pool._ledger.end_held(buffer, token, holder_id, pending, following, marks):
