@@ -180,7 +180,7 @@ class BufferHandle:
         self._token = 0
         buffer.bucket.inbox.append((buffer, token, pending))
         if watching and pool._level:
-            pool._drain()  # at once: stale views fail, and the poison is in place
+            pool._drain(buffer.bucket)  # at once: stale views fail, and the poison is in place
         if error is not None:
             if exc is None or not isinstance(error, Exception):
                 raise error

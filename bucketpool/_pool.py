@@ -14,6 +14,7 @@ import sys
 import typing
 import weakref
 from collections.abc import Callable
+from types import CodeType
 from typing import SupportsIndex
 
 import torch
@@ -206,7 +207,11 @@ class BucketPool:
             stale = _verify.check_poison(buffer)
             if stale is not None:
                 warn(stale, RuntimeWarning)
-        buffer.site = _verify.site(self._full_stack)
+        code = buffer.code  # the acquire's caller, found without a walk
+        if self._full_stack or not isinstance(code, CodeType) or _verify.in_package(code):
+            buffer.site = _verify.site(self._full_stack)
+        else:
+            buffer.site = (code, buffer.lasti)
 
     # -- the release path ---------------------------------------------------------------------
 

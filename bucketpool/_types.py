@@ -59,7 +59,7 @@ class PoolCore(Protocol):
     _full_stack: bool  # the whole stack, not only the file and line
     _level: int  # the debug level's index: 0 off, 1 checks, 2 strict
 
-    def _drain(self) -> None: ...
+    def _drain(self, only: Any = None) -> None: ...  # only: that bucket's inbox
 
 
 class ViewOwner(Protocol):

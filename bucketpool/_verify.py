@@ -24,9 +24,11 @@ __all__ = [
     "Site",
     "check_poison",
     "checksum",
+    "code_line",
     "describe",
     "format_site",
     "in_flight_problem",
+    "in_package",
     "line_of",
     "site",
     "verify",
@@ -34,8 +36,9 @@ __all__ = [
 
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 
-#: Where something happened: file and line, the whole stack (``trace=True``), or unknown.
-Site = tuple[str, int] | traceback.StackSummary | None
+#: Where something happened: an instruction of a code object (its line is looked up only
+#: when shown), file and line, the whole stack (``trace=True``), or unknown.
+Site = tuple[CodeType, int] | tuple[str, int] | traceback.StackSummary | None
 
 
 def site(full_stack: bool) -> Site:
@@ -54,7 +57,12 @@ def site(full_stack: bool) -> Site:
         return None
     if full_stack:
         return traceback.extract_stack(frame)
-    return (frame.f_code.co_filename, frame.f_lineno)
+    return (frame.f_code, frame.f_lasti)  # f_lineno would decode the line table now
+
+
+def in_package(code: CodeType) -> bool:
+    """Whether *code* is this package's own (a site is the first frame outside it)."""
+    return code.co_filename.startswith(_PACKAGE_DIR)
 
 
 def code_line(code: object, lasti: int) -> tuple[str, int] | None:
@@ -76,7 +84,10 @@ def line_of(where: Site) -> tuple[str, int] | None:
     if isinstance(where, traceback.StackSummary):
         frame = where[-1]
         return (frame.filename, frame.lineno or 0)
-    return where
+    place, number = where
+    if isinstance(place, CodeType):
+        return code_line(place, number)
+    return (place, number)
 
 
 def format_site(where: Site) -> str:
@@ -85,7 +96,8 @@ def format_site(where: Site) -> str:
         return "<unknown: make the pool with trace=True or debug='checks' to record sites>"
     if isinstance(where, traceback.StackSummary):
         return "\n" + "".join(where.format())
-    return f"{where[0]}:{where[1]}"
+    line = line_of(where)
+    return "<unknown>" if line is None else f"{line[0]}:{line[1]}"
 
 
 def describe(n: int, acquired: Site, released: Site = None) -> str:
