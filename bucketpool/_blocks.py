@@ -115,6 +115,8 @@ def read_block_copies(
         TypeError: as ``add_block_copies`` raises it.
         ValueError: as ``add_block_copies`` raises it.
     """
+    if not isinstance(coalesce, (bool, np.bool_)):  # a string or a count would read as true
+        raise TypeError(f"add_block_copies: coalesce must be True or False, got {coalesce!r}")
     start, src_start, dst_start, step = _read_block_scalars(first, src_base, dst_base, block_bytes)
     src_idx, dst_idx = _read_block_lists(src_blocks, dst_blocks)
     count = len(src_idx)

@@ -94,7 +94,9 @@ def check_power_of_two(name: str, value: object) -> int:
         ValueError: *value* is not a power of two >= 1; the message gives the nearest.
     """
     number = as_index(value, name, "a power-of-two int")
-    if number < 1 or number & (number - 1):
+    if number < 1:
+        raise ValueError(f"{name} must be a power of two >= 1, got {number}; use 1 or more")
+    if number & (number - 1):
         raise ValueError(
             f"{name} must be a power of two >= 1, got {number}; "
             f"the nearest are {_floor_pow2(number)} and {_ceil_pow2(number)}"

@@ -85,6 +85,17 @@ class Views(DescriptorBuffers):
 
     _buffer: Buffer
 
+    # A copy is the public tuple, never a second set of views that could fill the buffer.
+    def __copy__(self) -> DescriptorBuffers:
+        return DescriptorBuffers(*self)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> DescriptorBuffers:
+        return DescriptorBuffers(*(tensor.clone() for tensor in self))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Plain tensors: a strict hand-out's guarded views carry what cannot be pickled.
+        return (DescriptorBuffers, tuple(tensor.as_subclass(torch.Tensor) for tensor in self))
+
 
 Views.__name__ = Views.__qualname__ = "DescriptorBuffers"  # reprs say the public name
 
@@ -124,6 +135,7 @@ class Buffer:
         "n",
         "next_holder",
         "next_id",
+        "own_sets",
         "poisoned",
         "pool_ref",
         "released_at",
@@ -137,7 +149,12 @@ class Buffer:
     )
 
     def __init__(
-        self, bucket: Bucket, dtype: torch.dtype, pin_memory: bool, guard: GuardViews | None
+        self,
+        bucket: Bucket,
+        dtype: torch.dtype,
+        pin_memory: bool,
+        guard: GuardViews | None,
+        own_sets: bool = False,
     ) -> None:
         self.bucket = bucket
         capacity = bucket.capacity
@@ -152,7 +169,10 @@ class Buffer:
         # *guard* (`bucketpool._guard.guarded_views`): an impossible version sends every
         # hand-out past the cache.
         self.guard = guard
-        self.version = -1 if guard is not None else self.base._version
+        # At "checks", a tuple of its own per hand-out over cached views checked intact:
+        # stale views are then told from the live ones (`check_live`).
+        self.own_sets = own_sets
+        self.version = -1 if guard is not None or own_sets else self.base._version
         #: The hand-out that holds it: its token (> 0); 0 when cached or freed; minus the
         #: token of the hand-out it waits for while parked.
         self.token = 0
@@ -183,7 +203,13 @@ class Buffer:
             guard = self.guard
             if guard is not None:  # one guarded set per hand-out
                 return self.current if self.current is not None else self._guarded(guard, n)
+            if self.own_sets:
+                return self.current if self.current is not None else self._own(n)
             self._repair()
+        return self._cached(n)
+
+    def _cached(self, n: int) -> Views:
+        """The cached view set of *n* entries, cut or resized from the oldest if none."""
         views = self.views
         found = views.get(n)
         if found is not None:
@@ -195,9 +221,36 @@ class Buffer:
             found = views.pop(next(iter(views)))
             for view in found:
                 view.resize_(n)
-            self.version = self.base._version  # our own change
+            if not self.own_sets:
+                self.version = self.base._version  # our own change
         views[n] = found
         return found
+
+    def _own(self, n: int) -> Views:
+        """(checks) A tuple of its own for this hand-out, over cached views checked intact."""
+        found = self._cached(n)
+        if not self._intact_set(found, n):
+            self._repair()
+            self.version = -1
+            found = self._cached(n)
+        own = tuple.__new__(Views, found)
+        own._buffer = self
+        return own
+
+    def _intact_set(self, views: Views, n: int) -> bool:
+        """Whether *views* are still the three fields' first *n* entries, 1-D, contiguous."""
+        shape = (n,)
+        step = self.bucket.capacity * ENTRY_BYTES
+        src, dst, sizes = views
+        return (
+            src.shape == dst.shape == sizes.shape == shape
+            and src.data_ptr() == self.address
+            and dst.data_ptr() == self.address + step
+            and sizes.data_ptr() == self.address + 2 * step
+            and src.is_contiguous()
+            and dst.is_contiguous()
+            and sizes.is_contiguous()
+        )
 
     def cut(self, n: int) -> Views:
         """A new view set of *n* entries (not cached)."""
@@ -240,20 +293,9 @@ class Buffer:
             self.views.clear()
         self.whole = None
         for n, views in list(self.views.items()):
-            if not all(self._intact(view, field, n) for field, view in enumerate(views)):
+            if not self._intact_set(views, n):
                 del self.views[n]
         self.version = base._version
-
-    def _intact(self, view: torch.Tensor, field: int, n: int) -> bool:
-        """Whether *view* is still field *field*'s first *n* entries, contiguous and 1-D."""
-        offset = field * self.bucket.capacity
-        return (
-            view.dim() == 1
-            and view.shape[0] == n
-            and view.stride() == (1,)
-            and view.storage_offset() == offset
-            and view.untyped_storage().data_ptr() == self.address
-        )
 
     def narrow(self, views: DescriptorBuffers, count: int) -> None:
         """Resize *views* (this hand-out's) to *count* entries in place, and re-key them."""
@@ -263,7 +305,8 @@ class Buffer:
         if self.guard is None:
             if in_step:
                 self.version = self.base._version  # our own change, not a holder's
-            if self.views.get(self.n) is views:
+            cached = self.views.get(self.n)
+            if cached is not None and cached[0] is views[0]:  # the same tensors
                 del self.views[self.n]
             self.views[count] = typing.cast("Views", views)
         self.n = count
@@ -336,9 +379,9 @@ class Buffer:
         """Refuse *operation* unless *views* are those of this buffer's live hand-out."""
         if self.token <= 0 or self.current is not views:
             raise ReleaseError(
-                f"{operation}: these views (n={len(views[0])}, capacity "
-                f"{self.bucket.capacity}) belong to a hand-out that is over; use the views "
-                "of a live handle (with pool.acquire(n) as bufs: ...)"
+                f"{operation}: these views (capacity {self.bucket.capacity}) belong to a "
+                "hand-out that is over; use the views of a live handle (with "
+                "pool.acquire(n) as bufs: ...)"
             )
 
     def scrap(self) -> None:

@@ -162,8 +162,8 @@ class BufferHandle:
         pending = None
         error: BaseException | None = None
         if events:
-            try:
-                pending = [event for event in events if not event.query()] or None
+            try:  # over a copy: a query() may record more events on this handle
+                pending = [event for event in tuple(events) if not event.query()] or None
             except BaseException as caught:  # user code: the buffer stays parked; theirs
                 pending, error = list(events), caught
             if self._token != token or buffer.token != token:  # a query() released it
@@ -171,14 +171,23 @@ class BufferHandle:
                     raise error
                 self.__exit__(exc_type, exc, tb)  # refuses, as for any released handle
                 return
+        if exc is not None:
+            # A torch op that raised may have changed a view without counting the change
+            # (a failed resize_ or out=): the next hand-out checks every view set.
+            buffer.version = -2
         watching = pool._watching
         if watching:
             buffer.released_at = _verify.site(pool._full_stack)
-        # From here to the append nothing can be interrupted: no call runs in between.
-        buffer.events = None
-        buffer.current = None
+        # The hand-out's events and views are cleared by the move that takes the buffer
+        # back, under the token check, so a late second release of this handle from another
+        # thread cannot clear the next hand-out's.  From the token store to the append no
+        # signal handler can run.
         self._token = 0
-        buffer.bucket.inbox.append((buffer, token, pending))
+        try:
+            buffer.bucket.inbox.append((buffer, token, pending))
+        except (RecursionError, MemoryError):  # not appended: the handle still holds it
+            self._token = token
+            raise
         if watching and pool._level:
             pool._drain(buffer.bucket)  # at once: stale views fail, and the poison is in place
         if error is not None:

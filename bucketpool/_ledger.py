@@ -1,31 +1,24 @@
 """The ledger: where every buffer of a pool is, the counters, and the moves between places.
 
-The life of a buffer
---------------------
 A buffer is, at every moment, in exactly one place, and its ``token`` says which:
 
 * **cached** (token 0) -- in its bucket's free list, ready to hand out (the newest last);
-* **held** (token > 0, the hand-out's) -- handed out; its holder, a `BufferHandle` (or a
-  compat adapter's tuple, through `HELD`), carries the same token;
+* **held** (token > 0, the hand-out's) -- its holder, a `BufferHandle` (or a compat
+  adapter's tuple, through `HELD`), carries the same token;
 * **returning** (the hand-out's token still) -- released or dropped unreleased, waiting in
-  its bucket's inbox.  A release appends there without the lock (deque appends are
-  thread-safe), so it never waits, also from a finaliser or a collected ``with`` block;
-  the bucket's next hand-out, or the next drain, takes the buffer back.  One inbox per
-  bucket: a return never stands in the way of a hand-out of another size;
+  its bucket's inbox, appended to without the lock (deque appends are thread-safe), so
+  that a release never waits, also from a finaliser or a collected ``with`` block;
 * **parked** (minus the hand-out's token) -- taken back while a recorded event was
   pending; it returns through the inbox once every event reports done;
 * **freed** -- dropped by a cap, a trim or idle trimming; its memory goes back at once.
 
 Every change of place is a *move*: one method below, one locked section of straight-line
-code that calls nothing (the rule is in `bucketpool._lock`), so that a signal handler's
-exception lands before a move or after it.  Each is written once:
-
-* `serve` -- returning or cached -> held, and new -> held (a miss) or cached (`reserve`);
-* `settle` -- returning -> cached, parked or freed;
-* `uncache` -- cached -> freed;
-* `step_parked` -- parked -> returning;
-* `attach_holder` -- a cached buffer gets the tuple its next compat hand-out hands out;
-* `end_held` -- held by a compat tuple -> returning.
+code that calls nothing (the rule is in `bucketpool._lock`; `tests/test_lock_rule.py`
+checks it), so that a signal handler's exception lands before a move or after it:
+`serve` (returning or cached -> held; new -> held or cached), `settle` (returning ->
+cached, parked or freed), `uncache` (cached -> freed), `step_parked` (parked ->
+returning), `attach_holder` (a cached buffer gets its next compat tuple) and `end_held`
+(held by a compat tuple -> returning).
 
 A token is never used twice, so a mismatch is final: a stale, copied or forged holder
 moves nothing.  Counters that `stats()` can derive are not kept (hits are takes less
@@ -35,7 +28,6 @@ misses; cached bytes are allocated less active less parked bytes); peaks are exa
 from __future__ import annotations
 
 import collections
-import operator
 from collections.abc import Callable
 from typing import Final
 
@@ -75,7 +67,6 @@ TOTALS = (
     *("allocations_total", "allocated_bytes_total", "parked_bytes", "requested", "leaks"),
     "tick",
 )
-_read_totals = operator.attrgetter(*TOTALS)
 #: A leak, as `settle` saw it: the hand-out's n, the acquire's code object and
 #: instruction, and its traced site (or None).
 Leak = tuple[int, object, int, object]
@@ -141,11 +132,10 @@ class Ledger:
     ) -> object:
         """Hand a buffer of *bucket* to *holder* (a `BufferHandle`, or None for compat).
 
-        The buffer is the one the bucket's inbox holds, if that is one plain return; else
-        the newest cached; else *fresh*, a new one, counted here (cached instead if
-        *holder* is `CACHE`).  Returns the holder (a compat hand-out's is the tuple kept
-        with the buffer), `SWEEP` for a served handle when the idle sweep is due, or,
-        having moved nothing, `SETTLE`, `EMPTY` or `NEEDS_HOLDER`.
+        The oldest plain return in the bucket's inbox, else the newest cached, else
+        *fresh* (counted here; cached if *holder* is `CACHE` and the caps keep it).  Returns
+        the holder (compat: the tuple kept with the buffer), `SWEEP` when the idle sweep is
+        due, or, having moved nothing, `SETTLE`, `EMPTY` or `NEEDS_HOLDER`.
         """
         k = bucket.index
         with LOCK:
@@ -153,6 +143,11 @@ class Ledger:
             if fresh is not None:
                 buffer = fresh
                 nbytes = bucket.nbytes
+                if holder is CACHE and (
+                    self.cached[k] >= self.max_cached_per_bucket
+                    or self.allocated_bytes - self.active_bytes + nbytes > self.max_cached_bytes
+                ):
+                    return EMPTY  # a reservation the caps no longer keep (threads raced)
                 self.registry[buffer] = None
                 self.allocated[k] += 1
                 self.allocations = allocations = self.allocations + 1
@@ -183,6 +178,7 @@ class Ledger:
                     return SETTLE
                 del inbox[0]
                 recycled = True  # its release and this hand-out cancel out in the counts
+                buffer.events = buffer.current = None  # the last hand-out's (events all done)
             else:
                 free = bucket.free
                 if not free:
@@ -278,8 +274,7 @@ class Ledger:
                 self.parked_bytes += nbytes
                 outcome = "parked"
             elif keep:
-                buffer.token = 0
-                buffer.events = None
+                buffer.token, buffer.events = 0, None
                 bucket.free += (buffer,)
                 self.cached[k] = cached + 1
                 outcome = "cached"
@@ -361,13 +356,13 @@ class Ledger:
         with LOCK:
             if buffer.token != token or holder_id not in HELD:
                 return False
+            buffer.bucket.inbox += ((buffer, token, pending),)  # first: it alone may fail
             del HELD[holder_id]
             buffer.next_holder, buffer.next_id = following
             if marks is not None:
                 buffer.released_at, checksum = marks
                 if checksum is not None:
                     buffer.checksum = checksum
-            buffer.bucket.inbox += ((buffer, token, pending),)
             return True
 
     # -- maintenance, not moves -----------------------------------------------------------------
@@ -389,10 +384,15 @@ class Ledger:
             self.allocated_bytes_peak = self.allocated_bytes
 
     def snapshot(self) -> tuple[list[int] | tuple[int, ...], ...]:
-        """Copy the counters: per-bucket lists, then `TOTALS` (slices and one C call)."""
-        with LOCK:
+        """Copy the counters: per-bucket lists, then `TOTALS`, in one locked section."""
+        with LOCK:  # slices and loads: no call, so no signal handler runs in here
             counts = (self.takes[:], self.misses[:], self.allocated[:], self.cached[:])
-            return (*counts, self.parked[:], _read_totals(self))
+            active = (self.active, self.active_peak, self.active_bytes, self.active_bytes_peak)
+            allocated = (self.allocations, self.allocations_peak, self.allocated_bytes)
+            totals = (self.allocated_bytes_peak, self.allocations_total)
+            more = (self.allocated_bytes_total, self.parked_bytes, self.requested)
+            every = (*active, *allocated, *totals, *more, self.leaks, self.tick)
+            return (*counts, self.parked[:], every)
 
     def buffers(self) -> list[Buffer]:
         """Every buffer not freed, oldest first, copied in one locked section."""

@@ -18,9 +18,10 @@ build.
 Code that the garbage collector or a signal handler may run at any moment (a handle's
 finaliser, the exit of a ``with`` block in a collected generator) never waits for the lock:
 releases are appended to the inbox of the buffer's bucket (a `collections.deque`, whose
-appends are thread-safe), and the next operation takes them back.  Any other call made while this
-thread is inside a move (which only an allocation inside a maintenance section can bring
-about) raises `PoolError`: `inside` says when.
+appends are thread-safe), and the next operation takes them back.  Any other call made while
+this thread is inside a move (a finaliser run by a collection that an allocation in the move
+started; at the debug levels, a signal handler during a verification) raises `PoolError`:
+`inside` says when.
 
 One lock for every pool, not one per pool: a thread can then never hold one pool's lock
 while it waits for another's, so no two pools can deadlock, and ``os.fork()`` takes a single

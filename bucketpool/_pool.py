@@ -194,7 +194,7 @@ class BucketPool:
         """A new buffer, outside the lock (pinning can take milliseconds)."""
         s = self._settings
         guard = _guard.guarded_views if self._level == 2 else None
-        buffer = Buffer(bucket, s.dtype, s.pin_memory, guard)
+        buffer = Buffer(bucket, s.dtype, s.pin_memory, guard, self._level == 1)
         buffer.pool_ref = self._self_ref
         if make is not None:
             buffer.next_holder, buffer.next_id = make(buffer, True)
@@ -309,8 +309,14 @@ class BucketPool:
         bucket = self._bucket_for(size)
         self._drain()
         check_reserve(self._ledger, bucket, size, number)
-        for _ in range(number):
-            self._ledger.serve(bucket, 0, CACHE, None, 0, self._new_buffer(bucket, None))
+        for done in range(number):
+            fresh = self._new_buffer(bucket, None)
+            if self._ledger.serve(bucket, 0, CACHE, None, 0, fresh) is not CACHE:
+                raise ValueError(
+                    f"reserve({size}, count={number}): the caps filled up while it ran "
+                    f"(another thread cached buffers), so {done} of {number} were reserved; "
+                    "reserve from one thread, or raise max_cached_bytes/max_cached_per_bucket"
+                )
 
     def trim(self, max_bytes: SupportsIndex = 0) -> int:
         """Free cached buffers until at most *max_bytes* stay cached; return bytes freed.

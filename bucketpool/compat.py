@@ -107,11 +107,12 @@ class _Holding:
         return tuple(typing.cast("tuple[typing.Any, ...]", self))
 
     def __del__(self) -> None:
-        record = HELD.pop(id(self), None)
+        record = HELD.get(id(self))
         if record is None:  # released, or never handed out
             return
         buffer, token = record
         buffer.bucket.inbox.append((buffer, token, LEAK))  # as a BufferHandle's finaliser
+        HELD.pop(id(self), None)  # after the append: from it on, the pool has the buffer
         pool = buffer.pool_ref() if buffer.pool_ref is not None else None
         if isinstance(pool, BucketPool) and not inside():
             pool._drain()
@@ -178,7 +179,10 @@ class _Adapter(typing.Generic[_Buffers]):
         if buffer.base._version != buffer.version:
             # A holder changed the views in place: this hand-out gets a tuple of intact ones.
             fresh, fresh_id = self._make(buffer, True)
-            HELD[fresh_id] = HELD.pop(id(held))
+            # Bound to the new tuple before the old lets go: a signal between the two
+            # leaves both bound, and the one dropped brings the buffer back, as a leak.
+            HELD[fresh_id] = HELD[id(held)]
+            del HELD[id(held)]
             held = fresh
         return held  # type: ignore[return-value]  # the tuple this adapter's _make made
 

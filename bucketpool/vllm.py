@@ -143,7 +143,7 @@ def installed() -> bool:
 
 
 def _record() -> _Installed | None:
-    """What `install` did and `uninstall` has not undone, or None.
+    """What `install` did and `uninstall` has not undone, and is still in effect, or None.
 
     The record on vLLM's module is the truth: this module's own reference counts only while
     that module still holds it (another copy of this module may have uninstalled since).
@@ -151,10 +151,16 @@ def _record() -> _Installed | None:
     imported.
     """
     candidates = [getattr(sys.modules.get(path), _RECORD, None) for path in _TARGET_PATHS]
-    for record in (_installed, *candidates):
+    for found in (_installed, *candidates):
+        if found is None:
+            continue
         # Perhaps made by another copy of this module: an `_Installed` of that copy's class.
-        if record is not None and getattr(record.target, _RECORD, None) is record:
-            return typing.cast("_Installed", record)
+        record = typing.cast("_Installed", found)
+        target = record.target
+        # Stale if vLLM's module was reloaded since: its own classes are back in it.
+        replaced = getattr(target, "DescriptorBufferPool", None) is record.swaps[0][1]
+        if getattr(target, _RECORD, None) is record and replaced:
+            return typing.cast("_Installed", record)  # `is` narrowed it to Any
     return None
 
 

@@ -6,6 +6,7 @@ import copy
 import pickle
 import sys
 import textwrap
+import types
 from collections.abc import Callable
 
 import numpy as np
@@ -475,3 +476,36 @@ def test_n_above_max_capacity_names_the_limit(pool: BucketPool) -> None:
 def test_default_max_capacity_refuses_a_huge_request(pool: BucketPool) -> None:
     with pytest.raises(ValueError, match="max_capacity=16777216"):
         pool.acquire(10**10)
+
+
+def _depth() -> int:
+    frame: types.FrameType | None = sys._getframe(1)
+    depth = 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+def test_a_release_that_runs_out_of_stack_loses_nothing() -> None:
+    # At each depth near the recursion limit the release fails somewhere else: wherever it
+    # does, it took effect or the handle still holds the buffer.
+    def at_depth(depth: int, call: Callable[[], None]) -> None:
+        if depth > 0:
+            at_depth(depth - 1, call)
+        else:
+            call()
+
+    room = sys.getrecursionlimit() - _depth()
+    failed = 0
+    for depth in range(room - 40, room):
+        pool = BucketPool()
+        handle = pool.acquire(4)
+        try:
+            at_depth(depth, handle.release)
+        except RecursionError:
+            failed += 1
+        if not handle.released:
+            handle.release()
+        stats = pool.stats()
+        assert (stats.active_requests.current, stats.buckets[0].cached) == (0, 1), depth
+    assert failed  # some depths did run out of stack inside the release

@@ -18,6 +18,7 @@ from bucketpool import (
     DebugLevel,
     DescriptorBuffers,
     InFlightWriteError,
+    ReleaseError,
     UseAfterReleaseError,
 )
 from bucketpool.testing import swap_blocks_batch
@@ -471,3 +472,20 @@ def test_deepcopy_of_live_views_works_at_every_level(pool_at_each_level: BucketP
     with pool.acquire(4) as again:
         again.src_ptrs.fill_(0)
     assert copied_bufs.src_ptrs.tolist() == [1, 2, 3, 4]  # a copy, not the pool's memory
+
+
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_stale_views_refuse_to_fill_or_shrink_the_next_hand_out(level: DebugLevel) -> None:
+    # At "off" the next hand-out of the same n gets the very same view objects (see the
+    # debugging guide); at the debug levels every hand-out has its own.
+    pool = BucketPool(debug=level)
+    with pool.acquire(4) as old:
+        pass
+    with pool.acquire(4) as new:
+        new.add_copies(0, [10, 11, 12, 13], [20, 21, 22, 23], 8)
+        with pytest.raises(ReleaseError, match="hand-out that is over"):
+            old.add_copies(0, [666], [666], 666)
+        with pytest.raises(ReleaseError, match="hand-out that is over"):
+            old.shrink(1)
+        assert new.src_ptrs.tolist() == [10, 11, 12, 13]
+        assert new.sizes.tolist() == [8] * 4

@@ -671,3 +671,12 @@ def test_chained_fills_feed_one_batch() -> None:
     assert torch.equal(region[5 * BLOCK : 7 * BLOCK], a)
     assert torch.equal(region[:BLOCK], b)
     assert int(region[BLOCK : 5 * BLOCK].count_nonzero()) == 0
+
+
+@pytest.mark.parametrize("coalesce", ["no", 0, None])
+def test_coalesce_takes_only_a_bool(coalesce: object) -> None:
+    pool = BucketPool()
+    with pool.acquire(4) as bufs:
+        with pytest.raises(TypeError, match="coalesce must be True or False"):
+            bufs.add_block_copies(0, 4096, 8192, [0, 1], [0, 1], 64, coalesce=coalesce)  # type: ignore[arg-type]
+        assert bufs.add_block_copies(0, 4096, 8192, [0, 1], [0, 1], 64, coalesce=np.True_) == 1  # type: ignore[arg-type]

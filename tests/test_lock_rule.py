@@ -2,8 +2,8 @@
 
 One lock, taken with ``with`` in the ledger's moves only; a move calls nothing (so no
 signal handler, finaliser or thread switch can land inside it) and loops nowhere.  The
-exceptions are named here one by one: the debug levels' verification, which runs before the
-move changes anything, and the one C call that copies the totals for `stats()`.
+exception is named here: the debug levels' verification, which runs before the move changes
+anything.
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ import bucketpool
 
 PACKAGE = pathlib.Path(bucketpool.__file__).parent
 #: Calls a locked section may make, as ``(function, call)`` source text.
-ALLOWED_CALLS = {
-    ("settle", "self.verify(buffer, token, not events)"),
-    ("snapshot", "_read_totals(self)"),
-}
+ALLOWED_CALLS = {("settle", "self.verify(buffer, token, not events)")}
 _LOOPS = (ast.For, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _SUSPENDS = (ast.Await, ast.Yield, ast.YieldFrom, ast.Lambda)
 

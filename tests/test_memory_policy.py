@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import typing
 import weakref
 
 import pytest
@@ -244,3 +245,24 @@ def test_reserve_beyond_the_caps_is_refused_and_allocates_nothing(pool: BucketPo
     with pytest.raises(ValueError, match="reserve: count must be >= 0, got -1"):
         pool.reserve(16, count=-1)
     assert pool.stats().allocations.allocated == 0
+
+
+def test_reserves_racing_never_take_a_bucket_over_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another thread's reserve lands while this one allocates (outside the lock): the caps
+    # are checked again in the move that caches each buffer.
+    pool = BucketPool(max_cached_per_bucket=4)
+    new_buffer = BucketPool._new_buffer
+    raced: list[bool] = []
+
+    def racing_new_buffer(self: BucketPool, *args: typing.Any) -> typing.Any:
+        if not raced:
+            raced.append(True)
+            pool.reserve(1, 3)  # the other thread: checked and cached before ours
+        return new_buffer(self, *args)
+
+    monkeypatch.setattr(BucketPool, "_new_buffer", racing_new_buffer)
+    with pytest.raises(ValueError, match=r"1 of 3 were reserved"):
+        pool.reserve(1, 3)
+    stats = pool.stats()
+    assert stats.buckets[0].cached == 4  # the cap, not 6
+    assert stats.allocations.current == 4  # the refused buffer was not kept

@@ -383,3 +383,8 @@ def test_settings_are_read_only_and_resolved() -> None:
     with pytest.raises(AttributeError):
         pool.settings = settings  # type: ignore[misc]
     assert not hasattr(pool, "max_capacity")
+
+
+def test_a_capacity_below_one_says_what_to_use() -> None:
+    with pytest.raises(ValueError, match=r"min_capacity must be a power of two >= 1, got 0; use 1"):
+        BucketPool(min_capacity=0)

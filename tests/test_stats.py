@@ -13,6 +13,7 @@ from bucketpool import (
     PoolStats,
     Stat,
 )
+from bucketpool._ledger import TOTALS
 
 # -- the records ---------------------------------------------------------------------------
 
@@ -238,3 +239,10 @@ def test_exact_accounting_after_every_step(pool: BucketPool) -> None:
         (127, 176),
         (BucketStats(16, 1, 2, 0, 0, 0), BucketStats(128, 0, 1, 0, 0, 0)),
     )
+
+
+def test_the_snapshot_copies_every_total_in_its_order() -> None:
+    ledger = BucketPool()._ledger
+    for value, name in enumerate(TOTALS, 100):
+        setattr(ledger, name, value)
+    assert ledger.snapshot()[-1] == tuple(range(100, 100 + len(TOTALS)))

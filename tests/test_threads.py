@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import sys
 import threading
 import time
+import types
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,7 +15,7 @@ from typing import Any
 import attrs
 import numpy.typing as npt
 import pytest
-from _events import FlipEvent
+from _events import FlagEvent, FlipEvent
 from _helpers import (
     Pattern,
     check_stats_consistent,
@@ -24,6 +27,7 @@ from _helpers import (
 from bucketpool import (
     BucketPool,
     BufferHandle,
+    ReleaseError,
     Stat,
 )
 
@@ -295,3 +299,58 @@ def test_threads_never_reuse_a_parked_buffer() -> None:
     assert retired <= parked_seen
     check_final_stats(pool, THREADS * ACQUIRES_PER_THREAD)
     print(f"{parked_seen:,} parked of {THREADS * ACQUIRES_PER_THREAD:,} acquires: {elapsed:.2f} s")
+
+
+def _race_handle_release_at_line(line: int) -> bool:
+    """Release a handle while, before its *line*th line, another thread releases it too.
+
+    That thread then acquires the buffer again and records a pending event, as a second
+    holder would.  Returns False once the release has fewer lines.
+    """
+    exit_code = BufferHandle.__exit__.__code__
+    pool = BucketPool()
+    handle = pool.acquire(8)
+    seen = [0]
+    second: list[BufferHandle] = []
+    copy = FlagEvent()
+
+    def at_line(frame: types.FrameType, what: str, arg: object) -> Any:
+        if what == "line":
+            seen[0] += 1
+            if seen[0] == line and not second:
+                sys.settrace(None)
+                with contextlib.suppress(ReleaseError):
+                    handle.release()
+                again = pool.acquire(8)
+                again.record_event(copy)  # its copy is in flight
+                second.append(again)
+        return at_line
+
+    def tracer(frame: types.FrameType, what: str, arg: object) -> Any:
+        return at_line if frame.f_code is exit_code and not second else None
+
+    sys.settrace(tracer)
+    try:
+        with contextlib.suppress(ReleaseError):
+            handle.release()
+    finally:
+        sys.settrace(None)
+    if not second:
+        return False
+    (again,) = second
+    assert not again.released, line
+    again.release()
+    assert pool.stats().parked == 1, line  # the new holder's event was kept: still in flight
+    copy.done = True
+    assert pool.collect() == 1, line
+    assert pool.stats().active_requests.current == 0, line
+    return True
+
+
+def test_a_late_second_release_of_a_handle_leaves_the_next_hand_out_alone() -> None:
+    # Two threads releasing one handle (free-threaded CPython lets them meet anywhere): the
+    # late one must not clear what the next hand-out of the buffer recorded.
+    line = 1
+    while _race_handle_release_at_line(line):
+        line += 1
+    assert line > 5  # the release's lines were stepped through

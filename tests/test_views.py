@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import pickle
+import warnings
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -9,9 +15,11 @@ from _helpers import data_ptrs
 
 from bucketpool import (
     BucketPool,
+    DebugLevel,
     DescriptorBuffers,
     ReleaseError,
 )
+from bucketpool.compat import DescriptorBufferPool
 
 # -- views ---------------------------------------------------------------------------------
 
@@ -112,3 +120,117 @@ def test_shrink_resizes_the_with_views_in_place_and_checks_count(pool: BucketPoo
             handle.shrink(True)
     with pytest.raises(ReleaseError, match="shrink"):
         handle.shrink(1)
+
+
+# -- a holder's changes to its views never reach the next holder ------------------------
+
+N = 8
+#: What a holder may do to a view in place; torch counts each in the version counter.
+COUNTED: dict[str, Callable[[torch.Tensor], object]] = {
+    "resize_ smaller": lambda view: view.resize_(2),
+    "resize_(0)": lambda view: view.resize_(0),
+    "set_ to other memory": lambda view: view.set_(torch.zeros(N, dtype=view.dtype)),  # type: ignore[call-overload]
+    "as_strided_": lambda view: view.as_strided_((N // 2,), (2,)),
+    "unsqueeze_": lambda view: view.unsqueeze_(0),
+    "_base.set_": lambda view: view._base.set_(  # type: ignore[union-attr]
+        torch.zeros(3 * 16, dtype=view.dtype)  # type: ignore[call-overload]
+    ),
+    "_base.resize_": lambda view: view._base.resize_(4),  # type: ignore[union-attr]
+}
+#: ... and what torch does not count: an op that raised half-way, a `.data` assignment.
+UNCOUNTED: dict[str, Callable[[torch.Tensor], object]] = {
+    "resize_ past the buffer (raises)": lambda view: view.resize_(1 << 16),
+    "out= longer (raises)": lambda view: torch.add(torch.arange(100), 0, out=view),
+    ".data =": lambda view: setattr(view, "data", torch.zeros(N, dtype=view.dtype)),
+}
+
+
+def assert_views_intact(pool: BucketPool) -> None:
+    """The next holder gets three contiguous 1-D views of N entries of the pool's memory."""
+    handle = pool.acquire(N)
+    with handle as bufs:
+        (buffer,) = pool._ledger.buffers()
+        for view, array in zip(bufs, handle.arrays, strict=True):
+            assert view.shape == (N,)
+            assert view.is_contiguous()
+            assert view.data_ptr() == array.ctypes.data
+            assert view.untyped_storage().data_ptr() == buffer.storage.data_ptr()
+        end = bufs.add_copies(0, range(1, N + 1), range(N), 8)
+        assert bufs.shrink(end).src_ptrs.tolist() == list(range(1, N + 1))
+
+
+def tamper_inside(pool: BucketPool, tamper: Callable[[torch.Tensor], object]) -> None:
+    with pool.acquire(N) as bufs, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: "an output ... was resized"
+        with contextlib.suppress(RuntimeError):  # the holder carries on after the error
+            tamper(bufs.src_ptrs)
+
+
+@pytest.mark.parametrize("tamper", COUNTED.values(), ids=COUNTED.keys())
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+def test_a_counted_change_to_a_view_is_repaired_for_the_next_holder(
+    level: DebugLevel, tamper: Callable[[torch.Tensor], object]
+) -> None:
+    pool = BucketPool(debug=level)
+    tamper_inside(pool, tamper)
+    assert_views_intact(pool)
+
+
+@pytest.mark.parametrize("tamper", UNCOUNTED.values(), ids=UNCOUNTED.keys())
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_the_debug_levels_repair_what_torch_does_not_count(
+    level: DebugLevel, tamper: Callable[[torch.Tensor], object]
+) -> None:
+    pool = BucketPool(debug=level)
+    tamper_inside(pool, tamper)
+    assert_views_intact(pool)
+
+
+@pytest.mark.parametrize(
+    "tamper", [UNCOUNTED["resize_ past the buffer (raises)"], UNCOUNTED["out= longer (raises)"]]
+)
+def test_an_op_that_failed_out_of_the_block_gets_the_views_checked(
+    tamper: Callable[[torch.Tensor], object],
+) -> None:
+    # At "off" the views are checked after any with block that raised: a torch op that
+    # failed half-way leaves its view changed without counting it.
+    pool = BucketPool()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with pytest.raises(RuntimeError), pool.acquire(N) as bufs:
+            tamper(bufs.src_ptrs)
+    assert_views_intact(pool)
+
+
+@pytest.mark.parametrize("tamper", COUNTED.values(), ids=COUNTED.keys())
+def test_compat_tuples_get_repaired_views_too(tamper: Callable[[torch.Tensor], object]) -> None:
+    compat = DescriptorBufferPool()
+    bufs = compat.acquire(N)
+    tamper(bufs.src_ptrs)
+    compat.release(bufs)
+    again = compat.acquire(N)
+    (buffer,) = compat.pool._ledger.buffers()
+    capacity = compat.pool.bucket_capacity(N)
+    for field, view in enumerate(again):
+        assert view.shape == (capacity,)
+        assert view.is_contiguous()
+        assert view.data_ptr() == buffer.address + field * capacity * 8
+    compat.release(again)
+
+
+# -- copies of views ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+def test_copies_of_the_views_are_plain_tuples_that_fill_nothing(level: DebugLevel) -> None:
+    pool = BucketPool(debug=level)
+    with pool.acquire(4) as bufs:
+        bufs.add_copies(0, [1, 2, 3, 4], [5, 6, 7, 8], 16)
+        shallow, deep = copy.copy(bufs), copy.deepcopy(bufs)
+        pickled = pickle.loads(pickle.dumps(bufs))
+        for made in (shallow, deep, pickled):
+            assert type(made) is DescriptorBuffers
+            assert made.src_ptrs.tolist() == [1, 2, 3, 4]
+        assert deep.src_ptrs.data_ptr() != bufs.src_ptrs.data_ptr()  # a copy of the data
+        with pytest.raises(TypeError, match="built some other way"):
+            shallow.add_copies(0, [9], [9], 9)  # a copy is no second holder

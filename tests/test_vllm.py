@@ -324,6 +324,23 @@ def test_a_fresh_import_finds_the_install_on_vllms_module(
     assert_untouched(tree)
 
 
+def test_a_reload_of_vllms_module_ends_the_install(build: Builder) -> None:
+    # Reloading vLLM's module runs it again in the same namespace: its own classes are back
+    # (the record of the install survives there), so the install is over.
+    tree = build.tree()
+    bucketpool_vllm.install()
+    # What the reload's class statements do:
+    tree.module.DescriptorBufferPool = tree.pool  # type: ignore[attr-defined]
+    tree.module.DescriptorBuffers = tree.buffers  # type: ignore[attr-defined]
+
+    assert not bucketpool_vllm.installed()
+    bucketpool_vllm.install()  # installs again, over the reloaded classes
+    assert bucketpool_vllm.installed()
+    assert tree.module.DescriptorBufferPool is not tree.pool
+    bucketpool_vllm.uninstall()
+    assert tree.module.DescriptorBufferPool is tree.pool
+
+
 def test_pools_made_before_install_stay_vllms(build: Builder) -> None:
     tree = build.tree()
     before = tree.worker.DescriptorBufferPool()
