@@ -327,11 +327,12 @@ class Buffer:
         byte_counts: IntegerInput | SupportsIndex,
     ) -> int:
         """`DescriptorBuffers.add_copies`: read every input, check the hand-out, write."""
+        token = self.token  # the hand-out the inputs are read for
         src, dst, sizes = self.arrays
         plan = _inputs.read_copies(
             first, sources, destinations, byte_counts, src.dtype, dst.dtype, sizes.dtype
         )
-        self.check_live(views, "add_copies")
+        self.check_live(views, "add_copies", token)
         return _fill.write_copies(self.arrays, self.n, plan)
 
     def fill_block_copies(
@@ -347,6 +348,7 @@ class Buffer:
         coalesce: bool,
     ) -> int:
         """`DescriptorBuffers.add_block_copies`: read every input, check, write."""
+        token = self.token
         src, dst, _ = self.arrays
         plan = _blocks.read_block_copies(
             first,
@@ -360,13 +362,14 @@ class Buffer:
             src_dtype=src.dtype,
             dst_dtype=dst.dtype,
         )
-        self.check_live(views, "add_block_copies")
+        self.check_live(views, "add_block_copies", token)
         return _fill.write_block_copies(self.arrays, self.n, plan)
 
     def shrink_views(self, views: DescriptorBuffers, count: SupportsIndex) -> DescriptorBuffers:
         """`DescriptorBuffers.shrink`: check the count and the hand-out, then resize."""
+        token = self.token
         k = as_index(count, "shrink: count", hint="pass the index add_copies() returned")
-        self.check_live(views, "shrink")
+        self.check_live(views, "shrink", token)
         if not 0 <= k <= self.n:
             raise ValueError(
                 f"shrink: count={k} is outside 0..n={self.n}; views can only shrink (acquire "
@@ -375,9 +378,10 @@ class Buffer:
         self.narrow(views, k)
         return views
 
-    def check_live(self, views: DescriptorBuffers, operation: str) -> None:
-        """Refuse *operation* unless *views* are those of this buffer's live hand-out."""
-        if self.token <= 0 or self.current is not views:
+    def check_live(self, views: DescriptorBuffers, operation: str, token: int) -> None:
+        """Refuse *operation* unless *views* are the live hand-out's, *token*'s."""
+        # *token* was read as the operation began: its inputs (user code) may end it.
+        if token <= 0 or self.token != token or self.current is not views:
             raise ReleaseError(
                 f"{operation}: these views (capacity {self.bucket.capacity}) belong to a "
                 "hand-out that is over; use the views of a live handle (with "
@@ -387,9 +391,7 @@ class Buffer:
     def scrap(self) -> None:
         """(freed, outside the lock) Drop what refers back to the buffer, so it goes at once."""
         self.views = {}
-        self.current = None
-        self.whole = None
-        self.next_holder = None
+        self.current = self.whole = self.next_holder = None
 
 
 def _field_arrays(base: torch.Tensor, capacity: int) -> DescriptorArrays:

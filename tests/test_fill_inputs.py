@@ -31,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bucketpool
-from bucketpool import BucketPool, ReleaseError
+from bucketpool import BucketPool, DebugLevel, ReleaseError
 from bucketpool._blocks import BlockPlan, read_block_copies
 from bucketpool._errors import CapacityError
 from bucketpool._fill import (
@@ -589,6 +589,37 @@ def test_a_fill_whose_input_releases_the_handle_writes_nothing(where: str) -> No
     }
     with pytest.raises(ReleaseError):
         fills[where]()
+    thief = calling_back.thief
+    assert thief is not None
+    assert thief.buffers.src_ptrs.tolist() == [7] * 4  # the new holder's entries untouched
+    assert thief.n == 4
+    thief.release()
+
+
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+@pytest.mark.parametrize("where", ["first", "sources", "block", "count"])
+def test_a_with_bound_fill_whose_input_releases_the_handle_writes_nothing(
+    where: str, level: DebugLevel
+) -> None:
+    # At "off" the next hand-out of the buffer has the very same views: the fill tells the
+    # hand-outs apart by the token it began with.
+    pool = BucketPool(debug=level)
+    handle = pool.acquire(4)
+    calling_back = ReleasingInput(pool, handle)
+
+    def fill_in_the_block() -> None:
+        with handle as bufs:
+            fills: dict[str, Callable[[], object]] = {
+                "first": lambda: bufs.add_copies(calling_back, [1, 2], [3, 4], 8),
+                "sources": lambda: bufs.add_copies(0, calling_back, [3, 4], 8),
+                "block": lambda: bufs.add_block_copies(0, 4096, 8192, calling_back, [0, 1], 64),
+                "count": lambda: bufs.shrink(calling_back),
+            }
+            with pytest.raises(ReleaseError, match="hand-out that is over"):
+                fills[where]()
+
+    with pytest.raises(ReleaseError, match="end of with block"):  # the input released it
+        fill_in_the_block()
     thief = calling_back.thief
     assert thief is not None
     assert thief.buffers.src_ptrs.tolist() == [7] * 4  # the new holder's entries untouched
