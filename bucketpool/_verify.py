@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+_zeros = [b""]  # the poison to compare with, as bytes (a list: swapped whole, never mutated)
 
 #: Where something happened: an instruction of a code object (its line is looked up only
 #: when shown), file and line, the whole stack (``trace=True``), or unknown.
@@ -124,7 +125,10 @@ def _poisoned(arrays: DescriptorArrays, n: int) -> bool:
     write of addresses alone is caught at ``strict``, where stale views refuse to be used.
     """
     data = arrays[2][:n].tobytes()
-    return data == bytes(len(data))
+    zeros = _zeros[0]
+    if len(zeros) != len(data):  # one size kept: a repeated n makes no new one
+        _zeros[0] = zeros = bytes(len(data))
+    return data == zeros
 
 
 def verify(buffer: Buffer, token: int, caching: bool) -> str | None:
