@@ -45,13 +45,10 @@ Site = tuple[CodeType, int] | tuple[str, int] | traceback.StackSummary | None
 def site(full_stack: bool) -> Site:
     """Return where the caller outside this package is (file and line, or the whole stack).
 
-    Called from the pool's hand-out and release paths, which sit at least two calls below
-    user code: the search starts there.
+    The first frame outside the package, from this call's caller out: a ``with`` block's
+    exit and ``release()`` sit at different depths below the user's line.
     """
-    try:
-        frame: FrameType | None = sys._getframe(3)
-    except ValueError:  # a shallower stack than the pool's own paths make
-        frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:

@@ -192,8 +192,9 @@ class _Adapter(typing.Generic[_Buffers]):
         *exclusive*: this thread alone may touch the buffer (its cached views may be used).
         """
         whole: tuple[object, ...] | None = buffer.whole
-        if whole is None or (exclusive and buffer.base._version != buffer.version):
-            # None yet, or a holder changed the views: views_for() repairs them.
+        if whole is None or buffer.base._version != buffer.version:
+            # None yet, or the views may have changed (at the debug levels: always taken so):
+            # views_for() repairs them, or, for a tuple made ahead, new ones are cut.
             capacity = buffer.bucket.capacity
             # An exact tuple: a tuple subclass is made from one without a copy in between.
             whole = tuple(buffer.views_for(capacity) if exclusive else buffer.cut(capacity))
@@ -247,7 +248,7 @@ class _Adapter(typing.Generic[_Buffers]):
         # Made while the hand-out lasts, from the views as they are: never the cached
         # ones, which a racing release could share (the next acquire checks the views).
         whole = buffer.whole
-        if whole is None or self._aliased:
+        if whole is None or self._aliased or buffer.base._version != buffer.version:
             following = self._make(buffer, False)
         else:
             following_tuple = tuple.__new__(self._held, whole)

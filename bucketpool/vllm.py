@@ -61,7 +61,9 @@ class _Installed:
 
     target: ModuleType  # vLLM's descriptor-buffers module, which holds this record
     swaps: tuple[tuple[object, object], ...]  # (original, replacement) pairs
-    modules: tuple[ModuleType, ...]  # where it rebound names, even if since left sys.modules
+    #: Each name it rebound, even in modules since gone from sys.modules: (module, name,
+    #: original, replacement), so that each gets back the very object it had.
+    bound: tuple[tuple[ModuleType, str, object, object], ...]
 
 
 #: The attribute, on vLLM's descriptor-buffers module, that holds what `install` did there.
@@ -98,16 +100,25 @@ def install() -> None:
     """
     global _installed
     with _lock:
-        if _record() is not None:
-            return
+        stale = _record()
+        if stale is not None:
+            if _in_effect(stale):
+                return
+            _undo(stale)  # vLLM's module was reloaded or imported anew since
         target = _find_target()
         pool, buffers = _adapters(target)
-        swaps = ((target.pool, pool), (target.buffers, buffers))
+        swaps: tuple[tuple[object, object], ...] = ((target.pool, pool), (target.buffers, buffers))
+        if stale is not None:  # modules that did not reload still bind the classes it replaced
+            kept = (target.pool, target.buffers)
+            swaps += tuple(
+                (original, (pool, buffers)[i % 2])
+                for i, (original, _) in enumerate(stale.swaps)
+                if original not in kept
+            )
         rebindings = _rebindings(_vllm_modules(target.module), swaps)
-        for module, name, replacement in rebindings:
+        for module, name, _, replacement in rebindings:
             setattr(module, name, replacement)
-        modules = {id(module): module for module, _, _ in rebindings}
-        _installed = _Installed(target.module, swaps, tuple(modules.values()))
+        _installed = _Installed(target.module, swaps, tuple(rebindings))
         setattr(target.module, _RECORD, _installed)
 
 
@@ -115,35 +126,49 @@ def uninstall() -> None:
     """Put vLLM's own ``DescriptorBufferPool`` and ``DescriptorBuffers`` back.
 
     Every binding that `install` made, and every binding a ``vllm.*`` module made to the
-    replacements since, is restored to the very original object.  Bucketpool pools already
-    created keep working until they are dropped.  Does nothing if not installed.
+    replacements since, is restored to the very original object, also where the install is
+    no longer in effect (vLLM's module was reloaded).  Bucketpool pools already created keep
+    working until they are dropped.  Does nothing if not installed.
 
     Thread-safe, with the same caveat as `install`.
     """
-    global _installed
     with _lock:
         record = _record()
-        if record is None:
-            return
-        reverse = tuple((replacement, original) for original, replacement in record.swaps)
-        modules = _vllm_modules(*record.modules)
-        for module, name, original in _rebindings(modules, reverse):
-            setattr(module, name, original)
-        delattr(record.target, _RECORD)
-        _installed = None
+        if record is not None:
+            _undo(record)
 
 
 def installed() -> bool:
     """Return whether `install` is in effect in this process.
 
     True also after ``importlib.reload(bucketpool.vllm)`` or a fresh import of it: the record
-    of what `install` replaced lives on the vLLM module it patched as well.
+    of what `install` replaced lives on the vLLM module it patched as well.  False once
+    vLLM's module was reloaded, or imported anew, since: its own classes are back.
     """
-    return _record() is not None
+    record = _record()
+    return record is not None and _in_effect(record)
+
+
+def _undo(record: _Installed) -> None:
+    """Rebind every replacement *record* made back to its original; forget the record."""
+    global _installed
+    for module, name, original, replacement in record.bound:
+        if vars(module).get(name) is replacement:
+            setattr(module, name, original)
+    # Bindings made to the replacements since get the first original each replaced.
+    reverse: dict[int, tuple[object, object]] = {}
+    for original, replacement in record.swaps:
+        reverse.setdefault(id(replacement), (replacement, original))
+    modules = _vllm_modules(*(module for module, _, _, _ in record.bound))
+    for module, name, _, original in _rebindings(modules, tuple(reverse.values())):
+        setattr(module, name, original)
+    if getattr(record.target, _RECORD, None) is record:
+        delattr(record.target, _RECORD)
+    _installed = None
 
 
 def _record() -> _Installed | None:
-    """What `install` did and `uninstall` has not undone, and is still in effect, or None.
+    """What `install` did and `uninstall` has not undone (in effect or not), or None.
 
     The record on vLLM's module is the truth: this module's own reference counts only while
     that module still holds it (another copy of this module may have uninstalled since).
@@ -156,12 +181,16 @@ def _record() -> _Installed | None:
             continue
         # Perhaps made by another copy of this module: an `_Installed` of that copy's class.
         record = typing.cast("_Installed", found)
-        target = record.target
-        # Stale if vLLM's module was reloaded since: its own classes are back in it.
-        replaced = getattr(target, "DescriptorBufferPool", None) is record.swaps[0][1]
-        if getattr(target, _RECORD, None) is record and replaced:
+        if getattr(record.target, _RECORD, None) is record:
             return typing.cast("_Installed", record)  # `is` narrowed it to Any
     return None
+
+
+def _in_effect(record: _Installed) -> bool:
+    """Whether the module *record* patched is still vLLM's, with bucketpool's pool in it."""
+    target = record.target
+    current = sys.modules.get(target.__name__) is target
+    return current and getattr(target, "DescriptorBufferPool", None) is record.swaps[0][1]
 
 
 def _find_target() -> _Target:
@@ -272,14 +301,15 @@ def _vllm_modules(*first: ModuleType) -> list[ModuleType]:
 
 def _rebindings(
     modules: Iterable[ModuleType], swaps: Sequence[tuple[object, object]]
-) -> list[tuple[ModuleType, str, object]]:
-    """Return ``(module, name, new)`` for every global of *modules* that is an old object."""
-    found: list[tuple[ModuleType, str, object]] = []
+) -> list[tuple[ModuleType, str, object, object]]:
+    """Return ``(module, name, old, new)`` for every global of *modules* that is an old one."""
+    found: list[tuple[ModuleType, str, object, object]] = []
     for module in modules:
         # Globals only, read from the namespace: a module-level __getattr__ (vLLM's lazy
         # compatibility shims) is never called, and nothing is imported.
         for name, value in list(vars(module).items()):
             for old, new in swaps:
                 if value is old:
-                    found.append((module, name, new))
+                    found.append((module, name, old, new))
+                    break
     return found

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from _events import FlagEvent
-from _helpers import TRIPLE_16
+from _helpers import TRIPLE_16, line_of
 
 from bucketpool import (
     BucketPool,
@@ -21,6 +21,7 @@ from bucketpool import (
     ReleaseError,
     UseAfterReleaseError,
 )
+from bucketpool.compat import DescriptorBufferPool
 from bucketpool.testing import swap_blocks_batch
 
 # -- checks: released buffers are poisoned, stale writes reported --------------------------
@@ -489,3 +490,37 @@ def test_stale_views_refuse_to_fill_or_shrink_the_next_hand_out(level: DebugLeve
             old.shrink(1)
         assert new.src_ptrs.tolist() == [10, 11, 12, 13]
         assert new.sizes.tolist() == [8] * 4
+
+
+def _with_block_in_a_function(pool: BucketPool) -> torch.Tensor:
+    with pool.acquire(4) as bufs:  # the releasing line
+        return bufs.sizes
+
+
+def _compat_release_in_a_function(compat: DescriptorBufferPool) -> torch.Tensor:
+    bufs = compat.acquire(4)
+    compat.release(bufs)  # the compat releasing line
+    return bufs.sizes
+
+
+def test_a_stale_write_names_the_line_that_released_below_user_code() -> None:
+    # A with block's exit and a compat release are one call below the user's line, a
+    # handle's release() two: the site is the first frame outside the package either way.
+    pool = BucketPool(debug="checks")
+    kept = _with_block_in_a_function(pool)
+    kept[0] = 99
+    with pytest.warns(RuntimeWarning) as caught:
+        pool.acquire(4).release()
+    line = line_of(__file__, "# the releasing line")
+    assert f"released at {__file__}:{line})" in str(caught[0].message)
+
+
+def test_a_compat_release_site_is_the_release_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", "checks")
+    compat = DescriptorBufferPool()
+    kept = _compat_release_in_a_function(compat)
+    kept[0] = 99
+    with pytest.warns(RuntimeWarning) as caught:
+        compat.release(compat.acquire(4))
+    line = line_of(__file__, "# the compat releasing line")
+    assert f"released at {__file__}:{line})" in str(caught[0].message)

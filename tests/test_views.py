@@ -234,3 +234,17 @@ def test_copies_of_the_views_are_plain_tuples_that_fill_nothing(level: DebugLeve
         assert deep.src_ptrs.data_ptr() != bufs.src_ptrs.data_ptr()  # a copy of the data
         with pytest.raises(TypeError, match="built some other way"):
             shallow.add_copies(0, [9], [9], 9)  # a copy is no second holder
+
+
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+def test_empty_views_stay_the_live_hand_outs(level: DebugLevel) -> None:
+    # An empty view has no address in torch: it is still the live hand-out's.
+    pool = BucketPool(debug=level)
+    handle = pool.acquire(4)
+    with handle as bufs:
+        bufs.sizes.add_(1)  # any in-place op moves the version counter
+        assert bufs.shrink(0) is bufs
+        assert handle.buffers is bufs
+        assert bufs.shrink(0).src_ptrs.shape == (0,)
+    with pool.acquire(0) as empty:
+        assert empty.add_copies(0, [], [], 8) == 0

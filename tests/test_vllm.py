@@ -325,20 +325,41 @@ def test_a_fresh_import_finds_the_install_on_vllms_module(
 
 
 def test_a_reload_of_vllms_module_ends_the_install(build: Builder) -> None:
-    # Reloading vLLM's module runs it again in the same namespace: its own classes are back
-    # (the record of the install survives there), so the install is over.
+    # Reloading vLLM's module runs it again in the same namespace: new classes of its own
+    # are bound there (the record of the install survives), so the install is over; the
+    # worker, not reloaded, still binds bucketpool's.
     tree = build.tree()
     bucketpool_vllm.install()
-    # What the reload's class statements do:
-    tree.module.DescriptorBufferPool = tree.pool  # type: ignore[attr-defined]
-    tree.module.DescriptorBuffers = tree.buffers  # type: ignore[attr-defined]
+    reloaded = make_pool_class(TensorBuffers, (torch.int64,) * 3)
+    tree.module.DescriptorBufferPool = reloaded  # type: ignore[attr-defined]
 
     assert not bucketpool_vllm.installed()
-    bucketpool_vllm.install()  # installs again, over the reloaded classes
+    bucketpool_vllm.install()  # undoes the stale one, then installs over the new classes
     assert bucketpool_vllm.installed()
-    assert tree.module.DescriptorBufferPool is not tree.pool
+    assert tree.module.DescriptorBufferPool is not reloaded
+    assert tree.worker.DescriptorBufferPool is tree.module.DescriptorBufferPool
     bucketpool_vllm.uninstall()
-    assert tree.module.DescriptorBufferPool is tree.pool
+    assert tree.module.DescriptorBufferPool is reloaded
+    assert tree.worker.DescriptorBufferPool is tree.pool  # what it bound before any install
+    assert tree.module.DescriptorBuffers is tree.buffers
+
+
+def test_vllms_module_imported_anew_ends_the_install(build: Builder) -> None:
+    tree = build.tree()
+    bucketpool_vllm.install()
+    fresh = types.ModuleType(tree.module.__name__)  # as del sys.modules[...]; import ...
+    fresh.DescriptorBufferPool = make_pool_class(TensorBuffers, (torch.int64,) * 3)  # type: ignore[attr-defined]
+    fresh.DescriptorBuffers = TensorBuffers  # type: ignore[attr-defined]
+    build.register(fresh)
+
+    assert not bucketpool_vllm.installed()
+    bucketpool_vllm.install()
+    assert bucketpool_vllm.installed()
+    assert fresh.DescriptorBufferPool().acquire(1).src_ptrs.dtype == torch.int64
+    assert type(fresh.DescriptorBufferPool()).__module__ == "bucketpool.compat"
+    bucketpool_vllm.uninstall()
+    assert not bucketpool_vllm.installed()
+    assert_untouched(tree)  # the old module and the worker got vLLM's classes back too
 
 
 def test_pools_made_before_install_stay_vllms(build: Builder) -> None:
