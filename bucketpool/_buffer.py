@@ -239,20 +239,15 @@ class Buffer:
 
     def _intact_set(self, views: Views, n: int) -> bool:
         """Whether *views* are still the three fields' first *n* entries, 1-D, contiguous."""
-        shape = (n,)
-        step = self.bucket.capacity * ENTRY_BYTES
+        here, step = self.address, self.bucket.capacity * ENTRY_BYTES
         src, dst, sizes = views
+        if not src.shape == dst.shape == sizes.shape == (n,):
+            return False
         if not n:  # empty: torch gives no address, and there is nothing to reach
-            return src.shape == dst.shape == sizes.shape == shape
-        return (
-            src.shape == dst.shape == sizes.shape == shape
-            and src.data_ptr() == self.address
-            and dst.data_ptr() == self.address + step
-            and sizes.data_ptr() == self.address + 2 * step
-            and src.is_contiguous()
-            and dst.is_contiguous()
-            and sizes.is_contiguous()
-        )
+            return True
+        places = (src.data_ptr(), dst.data_ptr(), sizes.data_ptr())
+        contiguous = src.is_contiguous() and dst.is_contiguous() and sizes.is_contiguous()
+        return places == (here, here + step, here + 2 * step) and contiguous
 
     def cut(self, n: int) -> Views:
         """A new view set of *n* entries (not cached)."""
