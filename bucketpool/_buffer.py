@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Final, SupportsIndex
 import numpy as np
 import torch
 
-from bucketpool import _blocks, _fill, _inputs
+from bucketpool import _fill
 from bucketpool._buckets import as_index
 from bucketpool._errors import ReleaseError
 from bucketpool._types import (
@@ -325,10 +325,7 @@ class Buffer:
     ) -> int:
         """`DescriptorBuffers.add_copies`: read every input, check the hand-out, write."""
         token = self.token  # the hand-out the inputs are read for
-        src, dst, sizes = self.arrays
-        plan = _inputs.read_copies(
-            first, sources, destinations, byte_counts, src.dtype, dst.dtype, sizes.dtype
-        )
+        plan = _fill.plan_copies(self.arrays, first, sources, destinations, byte_counts)
         self.check_live(views, "add_copies", token)
         return _fill.write_copies(self.arrays, self.n, plan)
 
@@ -346,19 +343,10 @@ class Buffer:
     ) -> int:
         """`DescriptorBuffers.add_block_copies`: read every input, check, write."""
         token = self.token
-        src, dst, _ = self.arrays
-        plan = _blocks.read_block_copies(
-            first,
-            src_base,
-            dst_base,
-            src_blocks,
-            dst_blocks,
-            block_bytes,
-            total_bytes=total_bytes,
-            coalesce=coalesce,
-            src_dtype=src.dtype,
-            dst_dtype=dst.dtype,
-        )
+        plan = _fill.plan_block_copies(
+            self.arrays, first, src_base, dst_base, src_blocks, dst_blocks, block_bytes,
+            total_bytes, coalesce,
+        )  # fmt: skip
         self.check_live(views, "add_block_copies", token)
         return _fill.write_block_copies(self.arrays, self.n, plan)
 

@@ -28,6 +28,8 @@ __all__ = [
     "IntegerInput",
     "add_block_copies",
     "add_copies",
+    "plan_block_copies",
+    "plan_copies",
     "write_block_copies",
     "write_copies",
 ]
@@ -103,11 +105,8 @@ def add_copies(
             0..2**64-1; a byte count is outside 0..2**63-1.
 
     """
-    src_arr, dst_arr, size_arr = arrays
-    plan = read_copies(
-        first, sources, destinations, byte_counts, src_arr.dtype, dst_arr.dtype, size_arr.dtype
-    )
-    return write_copies(arrays, len(src_arr), plan)
+    plan = plan_copies(arrays, first, sources, destinations, byte_counts)
+    return write_copies(arrays, len(arrays[0]), plan)
 
 
 def add_block_copies(
@@ -168,13 +167,51 @@ def add_block_copies(
             outside 0..2**64-1, or a region would end past 2**64 or span 2**63 bytes or more.
 
     """
-    src_arr, dst_arr, _ = arrays
-    plan = read_block_copies(
-        first, src_base, dst_base, src_blocks, dst_blocks, block_bytes,
-        total_bytes=total_bytes, coalesce=coalesce, src_dtype=src_arr.dtype,
-        dst_dtype=dst_arr.dtype,
-    )  # fmt: skip
-    return write_block_copies(arrays, len(src_arr), plan)
+    plan = plan_block_copies(
+        arrays,
+        first,
+        src_base,
+        dst_base,
+        src_blocks,
+        dst_blocks,
+        block_bytes,
+        total_bytes,
+        coalesce,
+    )
+    return write_block_copies(arrays, len(arrays[0]), plan)
+
+
+def plan_copies(
+    arrays: DescriptorArrays,
+    first: SupportsIndex,
+    sources: IntegerInput,
+    destinations: IntegerInput,
+    byte_counts: IntegerInput | SupportsIndex,
+) -> CopyPlan:
+    """`read_copies` for the dtypes of *arrays*: every input read (user code runs here)."""
+    src, dst, sizes = arrays
+    return read_copies(first, sources, destinations, byte_counts, src.dtype, dst.dtype, sizes.dtype)
+
+
+def plan_block_copies(
+    arrays: DescriptorArrays,
+    first: SupportsIndex,
+    src_base: SupportsIndex,
+    dst_base: SupportsIndex,
+    src_blocks: IntegerInput,
+    dst_blocks: IntegerInput,
+    block_bytes: SupportsIndex,
+    total_bytes: SupportsIndex | None,
+    coalesce: bool,
+) -> BlockPlan:
+    """`read_block_copies` for the dtypes of *arrays*, likewise."""
+    return read_block_copies(
+        *(first, src_base, dst_base, src_blocks, dst_blocks, block_bytes),
+        total_bytes=total_bytes,
+        coalesce=coalesce,
+        src_dtype=arrays[0].dtype,
+        dst_dtype=arrays[1].dtype,
+    )
 
 
 def write_copies(arrays: DescriptorArrays, n: int, plan: CopyPlan) -> int:

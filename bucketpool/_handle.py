@@ -14,7 +14,7 @@ import typing
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 
-from bucketpool import _blocks, _fill, _guard, _inputs, _parking, _verify
+from bucketpool import _fill, _guard, _parking, _verify
 from bucketpool._buckets import as_index
 from bucketpool._errors import ReleaseError
 from bucketpool._ledger import LEAK
@@ -286,16 +286,7 @@ class BufferHandle:
             ValueError: lengths differ, or a byte count is negative.
             TypeError: an input is not integer.
         """
-        arrays = self._buffer.arrays
-        plan = _inputs.read_copies(
-            first,
-            sources,
-            destinations,
-            byte_counts,
-            arrays[0].dtype,
-            arrays[1].dtype,
-            arrays[2].dtype,
-        )
+        plan = _fill.plan_copies(self._buffer.arrays, first, sources, destinations, byte_counts)
         buffer = self._live("add_copies")
         return _fill.write_copies(buffer.arrays, buffer.n, plan)
 
@@ -325,19 +316,10 @@ class BufferHandle:
             ValueError: bad lengths, block indices, block size or *total_bytes*.
             TypeError: an input is not integer.
         """
-        arrays = self._buffer.arrays
-        plan = _blocks.read_block_copies(
-            first,
-            src_base,
-            dst_base,
-            src_blocks,
-            dst_blocks,
-            block_bytes,
-            total_bytes=total_bytes,
-            coalesce=coalesce,
-            src_dtype=arrays[0].dtype,
-            dst_dtype=arrays[1].dtype,
-        )
+        plan = _fill.plan_block_copies(
+            self._buffer.arrays, first, src_base, dst_base, src_blocks, dst_blocks,
+            block_bytes, total_bytes, coalesce,
+        )  # fmt: skip
         buffer = self._live("add_block_copies")
         return _fill.write_block_copies(buffer.arrays, buffer.n, plan)
 
