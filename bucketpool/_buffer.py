@@ -84,6 +84,8 @@ class Views(DescriptorBuffers):
     """
 
     _buffer: Buffer
+    #: (checks) The same views again, never handed out, to check them by (`Buffer._own`).
+    masters: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
     # A copy is the public tuple, never a second set of views that could fill the buffer.
     def __copy__(self) -> DescriptorBuffers:
@@ -219,7 +221,7 @@ class Buffer:
         else:
             # Reuse the oldest set: three in-place resizes cost less than three new views.
             found = views.pop(next(iter(views)))
-            for view in found:
+            for view in (*found, *found.masters) if self.own_sets else found:
                 view.resize_(n)
             if not self.own_sets:
                 self.version = self.base._version  # our own change
@@ -229,7 +231,10 @@ class Buffer:
     def _own(self, n: int) -> Views:
         """(checks) A tuple of its own for this hand-out, over cached views checked intact."""
         found = self._cached(n)
-        if not self._intact_set(found, n):
+        (src, dst, sizes), (first, second, third) = found, found.masters
+        # is_set_to: the same memory, offset, shape and strides as the copy never handed out.
+        intact = src.is_set_to(first) and dst.is_set_to(second) and sizes.is_set_to(third)
+        if not intact or self.storage.data_ptr() != self.address:
             self._repair()
             self.version = -1
             found = self._cached(n)
@@ -251,13 +256,16 @@ class Buffer:
 
     def cut(self, n: int) -> Views:
         """A new view set of *n* entries (not cached)."""
+        views = tuple.__new__(Views, self._slices(n))
+        views._buffer = self
+        if self.own_sets:  # (checks) what the views are checked against: never handed out
+            views.masters = self._slices(n)
+        return views
+
+    def _slices(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         base = self.base
         capacity = self.bucket.capacity
-        views = tuple.__new__(
-            Views, (base[:n], base[capacity : capacity + n], base[2 * capacity : 2 * capacity + n])
-        )
-        views._buffer = self
-        return views
+        return (base[:n], base[capacity : capacity + n], base[2 * capacity : 2 * capacity + n])
 
     def _guarded(self, guard: GuardViews, n: int) -> Views:
         views = tuple.__new__(Views, guard(self, self.token, n))
@@ -305,7 +313,12 @@ class Buffer:
             cached = self.views.get(self.n)
             if cached is not None and cached[0] is views[0]:  # the same tensors
                 del self.views[self.n]
-            self.views[count] = typing.cast("Views", views)
+                if self.own_sets:  # (checks) the set behind this hand-out's own tuple
+                    for master in cached.masters:
+                        master.resize_(count)
+                    views = cached
+            if not self.own_sets or views is cached:
+                self.views[count] = typing.cast("Views", views)
         self.n = count
 
     def field_arrays(self, n: int) -> DescriptorArrays:

@@ -114,20 +114,6 @@ def checksum(arrays: DescriptorArrays, n: int) -> int:
     return value
 
 
-def _poisoned(arrays: DescriptorArrays, n: int) -> bool:
-    """Return whether the first *n* sizes still hold the 0 that `verify` left.
-
-    Sizes are what every descriptor write sets (``add_copies`` writes all three fields), so
-    one comparison of one field finds a stale write and keeps ``checks`` cheap; a stale
-    write of addresses alone is caught at ``strict``, where stale views refuse to be used.
-    """
-    data = arrays[2][:n].tobytes()
-    zeros = _zeros[0]
-    if len(zeros) != len(data):  # one size kept: a repeated n makes no new one
-        _zeros[0] = zeros = bytes(len(data))
-    return data == zeros
-
-
 def verify(buffer: Buffer, token: int, caching: bool) -> str | None:
     """(inside `settle`) Check and prepare *buffer*, taken back from hand-out or parking.
 
@@ -163,15 +149,27 @@ def verify(buffer: Buffer, token: int, caching: bool) -> str | None:
 
 
 def check_poison(buffer: Buffer) -> str | None:
-    """(the new holder) Return a message if the poison the last release left was written."""
-    if not buffer.poisoned or _poisoned(buffer.arrays, buffer.poisoned):
+    """(the new holder) Return a message if the poison the last release left was written.
+
+    Sizes are what every descriptor write sets (``add_copies`` writes all three fields), so
+    one comparison of one field finds a stale write and keeps ``checks`` cheap; a stale
+    write of addresses alone is caught at ``strict``, where stale views refuse to be used.
+    """
+    poisoned = buffer.poisoned
+    if not poisoned:
+        return None
+    data = buffer.arrays[2][:poisoned].tobytes()
+    zeros = _zeros[0]
+    if len(zeros) != len(data):  # one size kept: a repeated n makes no new one
+        _zeros[0] = zeros = bytes(len(data))
+    if data == zeros:
         return None
     # The previous hand-out's sites are still on the buffer until this acquire records its
     # own: the stale writer is reported, not blamed on the new holder.
     return (
         f"a buffer of capacity {buffer.bucket.capacity} was written after its release, "
         f"through a stale view of "
-        f"{describe(buffer.poisoned, buffer.site, buffer.released_at)}"  # type: ignore[arg-type]
+        f"{describe(poisoned, buffer.site, buffer.released_at)}"  # type: ignore[arg-type]
         ". Keep views only inside the handle's with block (copy data out with "
         "tensor.clone()); the new holder is not affected"
     )

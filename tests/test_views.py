@@ -19,6 +19,7 @@ from bucketpool import (
     DescriptorBuffers,
     ReleaseError,
 )
+from bucketpool._buffer import VIEW_SETS, Buffer
 from bucketpool.compat import DescriptorBufferPool
 
 # -- views ---------------------------------------------------------------------------------
@@ -184,6 +185,58 @@ def test_the_debug_levels_repair_what_torch_does_not_count(
     pool = BucketPool(debug=level)
     tamper_inside(pool, tamper)
     assert_views_intact(pool)
+
+
+@pytest.mark.parametrize("tamper", UNCOUNTED.values(), ids=UNCOUNTED.keys())
+@pytest.mark.parametrize("route", ["reused from the oldest set", "shrunk from a larger n"])
+def test_checks_repairs_uncounted_changes_to_reused_and_shrunk_view_sets(
+    route: str, tamper: Callable[[torch.Tensor], object]
+) -> None:
+    # At "checks" each view is checked against a copy the pool keeps of it; that copy must
+    # follow the set wherever the set goes: resized to serve a new n, or re-keyed by shrink.
+    pool = BucketPool(debug="checks", min_capacity=64)  # every n below is one buffer's
+    if route == "reused from the oldest set":
+        for n in range(N + 1, N + 1 + VIEW_SETS):  # the cache is full of other n
+            with pool.acquire(n):
+                pass
+    else:
+        with pool.acquire(2 * N) as bufs:
+            bufs.shrink(N)  # this set now serves n = N
+    with pool.acquire(N) as bufs, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for view in bufs:  # every field, not only the first
+            with contextlib.suppress(RuntimeError):
+                tamper(view)
+    assert_views_intact(pool)
+
+
+@pytest.mark.parametrize("route", ["reused from the oldest set", "shrunk from a larger n"])
+def test_checks_trusts_an_untouched_set_wherever_it_went(
+    route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The copy the pool keeps of each view follows its set: an untouched set is handed out
+    # as it is, not taken for a changed one and repaired at every acquire.
+    pool = BucketPool(debug="checks", min_capacity=64)
+    if route == "reused from the oldest set":
+        for n in range(N + 1, N + 1 + VIEW_SETS):
+            with pool.acquire(n):
+                pass
+    else:
+        with pool.acquire(2 * N) as bufs:
+            bufs.shrink(N)
+    with pool.acquire(N) as first:
+        pass
+    repairs: list[Buffer] = []
+    repair = Buffer._repair
+
+    def counted(buffer: Buffer) -> None:
+        repairs.append(buffer)
+        repair(buffer)
+
+    monkeypatch.setattr(Buffer, "_repair", counted)
+    with pool.acquire(N) as second:
+        assert [view is kept for view, kept in zip(second, first, strict=True)] == [True] * 3
+    assert repairs == []
 
 
 @pytest.mark.parametrize(
