@@ -7,7 +7,7 @@ one sample per series; `Case.measurements` turns the samples into figures with i
 interval, so a round never depends on how many came before.
 
 Cases here: one per trace and the debug levels; the others (parked handles, threads,
-fills, memory overhead, the leak-site cost, compat's acceptance) live in their own
+fills, memory overhead, the leak-site cost, the floor, compat's acceptance) live in their own
 modules.  Kept custom: the cases interleave several pools in one process (pyperf would run
 each in its own worker process, where pairing is lost).
 """

@@ -42,6 +42,7 @@ import torch
 from bench._cases import Case, DebugCase, TraceCase
 from bench._compat import CompatCase
 from bench._fills import FillsCase
+from bench._floor import FloorCase
 from bench._overhead import OverheadCase
 from bench._parked import ParkedCase, ParkedStuckCase
 from bench._sites import SiteCostCase
@@ -150,6 +151,7 @@ def build_cases(settings: Settings, traces: Sequence[Trace], kinds: Iterable[str
         "fills": lambda: (FillsCase(min_pass_ns, settings.seed),),
         "overhead": lambda: (OverheadCase(),),
         "leak-site": lambda: (SiteCostCase(min_pass_ns, ops),),
+        "floor": lambda: (FloorCase(min_pass_ns, ops),),
         "compat": lambda: (CompatCase(),),
     }
     assert tuple(makers) == CASE_KINDS, "every kind --trace names has its cases"

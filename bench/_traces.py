@@ -68,7 +68,7 @@ TRACE_NAMES = (
 )
 #: The cases beside the traces, as ``--trace`` names them (``parked`` and ``threads`` are
 #: families of two cases each).
-CASE_KINDS = ("parked", "threads", "debug", "fills", "overhead", "leak-site", "compat")
+CASE_KINDS = ("parked", "threads", "debug", "fills", "overhead", "leak-site", "floor", "compat")
 #: What ``--trace`` accepts: a trace, a family (``repeated``, ``loguniform``) or a case.
 SELECTIONS = ("repeated", "loguniform", *TRACE_NAMES, *CASE_KINDS)
 
