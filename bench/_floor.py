@@ -181,10 +181,11 @@ class _Held(_Triple):
     __slots__ = ()
 
     def __del__(self) -> None:
-        record = _HELD.pop(id(self), None)
-        if record is not None:
+        record = _HELD.get(id(self))
+        if record is not None:  # dropped while it held the buffer: queue it, then let go
             buffer, token = record
             buffer.inbox.append((buffer, token, _fresh(buffer)))
+            _HELD.pop(id(self), None)
 
 
 def _fresh(buffer: _Buffer) -> tuple[_Held, int]:
