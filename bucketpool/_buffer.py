@@ -35,6 +35,7 @@ from bucketpool._types import (
     DescriptorArrays,
     DescriptorBuffers,
     IntegerInput,
+    Views,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ __all__ = [
     "Entry",
     "GuardViews",
     "MakeHolder",
-    "Views",
 ]
 
 #: View sets cached per buffer, one per recent n.  Chosen by measurement (see the
@@ -74,32 +74,6 @@ Entry = tuple["Buffer", int, "list[CompletionEvent] | str | None"]
 #: tuple exactly one reports success.  The buffer itself is moved only by the ledger,
 #: under the lock, on the hand-out's token.
 HELD: dict[int, tuple[Buffer, int]] = {}
-
-
-class Views(DescriptorBuffers):
-    """A view set a pool hands out: `DescriptorBuffers` that know their buffer.
-
-    ``_buffer`` lets the views fill themselves (`DescriptorBuffers.add_copies`); the buffer
-    checks that they are its live hand-out's views before it writes.
-    """
-
-    _buffer: Buffer
-    #: (checks) The same views again, never handed out, to check them by (`Buffer._own`).
-    masters: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
-    # A copy is the public tuple, never a second set of views that could fill the buffer.
-    def __copy__(self) -> DescriptorBuffers:
-        return DescriptorBuffers(*self)
-
-    def __deepcopy__(self, memo: dict[int, object]) -> DescriptorBuffers:
-        return DescriptorBuffers(*(tensor.clone() for tensor in self))
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # Plain tensors: a strict hand-out's guarded views carry what cannot be pickled.
-        return (DescriptorBuffers, tuple(tensor.as_subclass(torch.Tensor) for tensor in self))
-
-
-Views.__name__ = Views.__qualname__ = "DescriptorBuffers"  # reprs say the public name
 
 
 class Bucket:
@@ -130,6 +104,7 @@ class Buffer:
         "checksum",
         "code",
         "current",
+        "dtype",
         "events",
         "guard",
         "handed",
@@ -160,6 +135,7 @@ class Buffer:
     ) -> None:
         self.bucket = bucket
         capacity = bucket.capacity
+        self.dtype = dtype
         self.base = _empty(FIELDS * capacity, dtype=dtype, pin_memory=pin_memory)
         self.storage = self.base.untyped_storage()
         self.address = self.base.data_ptr()
@@ -230,11 +206,13 @@ class Buffer:
 
     def _own(self, n: int) -> Views:
         """(checks) A tuple of its own for this hand-out, over cached views checked intact."""
+        if n not in self.views:  # a set to cut from the buffer's tensor: put that back first
+            self._restore_base()
         found = self._cached(n)
         (src, dst, sizes), (first, second, third) = found, found.masters
         # is_set_to: the same memory, offset, shape and strides as the copy never handed out.
         intact = src.is_set_to(first) and dst.is_set_to(second) and sizes.is_set_to(third)
-        if not intact or self.storage.data_ptr() != self.address:
+        if not intact or not self._plain(found) or self.storage.data_ptr() != self.address:
             self._repair()
             self.version = -1
             found = self._cached(n)
@@ -242,11 +220,20 @@ class Buffer:
         own._buffer = self
         return own
 
+    def _plain(self, views: Views) -> bool:
+        """Whether *views* are plain tensors of the pool's dtype, with no negation bit."""
+        src, dst, sizes = views
+        return (
+            type(src) is type(dst) is type(sizes) is torch.Tensor
+            and src.dtype is dst.dtype is sizes.dtype is self.dtype
+            and not (src.is_neg() or dst.is_neg() or sizes.is_neg())
+        )
+
     def _intact_set(self, views: Views, n: int) -> bool:
         """Whether *views* are still the three fields' first *n* entries, 1-D, contiguous."""
         here, step = self.address, self.bucket.capacity * ENTRY_BYTES
         src, dst, sizes = views
-        if not src.shape == dst.shape == sizes.shape == (n,):
+        if not src.shape == dst.shape == sizes.shape == (n,) or not self._plain(views):
             return False
         if not n:  # empty: torch gives no address, and there is nothing to reach
             return True
@@ -273,16 +260,29 @@ class Buffer:
         return views
 
     def _repair(self) -> None:
-        """Put the buffer's memory and views back as the pool made them; keep what is intact.
+        """Put the buffer's memory and views back as the pool made them; keep what is intact."""
+        self._restore_base()
+        self.whole = None
+        for n, views in list(self.views.items()):
+            if not self._intact_set(views, n):
+                del self.views[n]
+        self.version = self.base._version
+
+    def _restore_base(self) -> None:
+        """Put the buffer's own tensor back on its memory, as the pool made it.
 
         A holder may have re-pointed, resized or re-strided a view, or, through a view's
-        ``_base``, the buffer's own tensor; growing a view past the buffer resizes the
-        storage, which moves the memory.
+        ``_base``, the buffer's own tensor (``.data =`` too: then a new tensor takes its
+        place); growing a view past the buffer resizes the storage, which moves the memory.
         """
         base = self.base
         capacity = self.bucket.capacity
         size = FIELDS * capacity
-        if (
+        if type(base) is not torch.Tensor or base.dtype is not self.dtype or base.is_neg():
+            # Views cut from it would be of another kind: a new tensor, and new views.
+            self.base = base = _empty(0, dtype=self.dtype).set_(self.storage, 0, (size,), (1,))
+            self.views.clear()
+        elif (
             base.untyped_storage().data_ptr() != self.storage.data_ptr()
             or base.shape != (size,)
             or base.stride() != (1,)
@@ -296,11 +296,6 @@ class Buffer:
             self.address = base.data_ptr()
             self.arrays = _field_arrays(base, capacity)
             self.views.clear()
-        self.whole = None
-        for n, views in list(self.views.items()):
-            if not self._intact_set(views, n):
-                del self.views[n]
-        self.version = base._version
 
     def narrow(self, views: DescriptorBuffers, count: int) -> None:
         """Resize *views* (this hand-out's) to *count* entries in place, and re-key them."""

@@ -107,6 +107,13 @@ class GuardedView(torch.Tensor):
             return _guard_array(result, owner.buffer)
         if isinstance(result, torch.Tensor):
             return _guard_if_view(result, owner)
+        if type(result) in (tuple, list):  # split, chunk, unbind, tensor_split: views too
+            items = typing.cast("Sequence[object]", result)
+            guarded = [
+                _guard_if_view(item, owner) if isinstance(item, torch.Tensor) else item
+                for item in items
+            ]
+            return tuple(guarded) if type(result) is tuple else guarded
         return result
 
 

@@ -162,10 +162,15 @@ class BufferHandle:
         pending = None
         error: BaseException | None = None
         if events:
-            try:  # over a copy: a query() may record more events on this handle
-                pending = [event for event in tuple(events) if not event.query()] or None
+            asked = tuple(events)  # a copy: a query() may record more events on this handle
+            try:
+                pending = [event for event in asked if not event.query()]
             except BaseException as caught:  # user code: the buffer stays parked; theirs
                 pending, error = list(events), caught
+            else:  # what a query() recorded meanwhile is pending too, unasked
+                seen = {id(event) for event in asked}
+                pending += [event for event in events if id(event) not in seen]
+            pending = pending or None
             if self._token != token or buffer.token != token:  # a query() released it
                 if error is not None:
                     raise error

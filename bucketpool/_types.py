@@ -23,6 +23,7 @@ __all__ = [
     "IntegerInput",
     "PoolCore",
     "ViewOwner",
+    "Views",
 ]
 
 #: Bytes of one descriptor entry of one field (int64 or uint64).
@@ -176,3 +177,29 @@ def _owner(views: DescriptorBuffers, operation: str) -> ViewOwner:
             "hand-out to fill: write the tensors directly"
         )
     return owner
+
+
+class Views(DescriptorBuffers):
+    """A view set a pool hands out: `DescriptorBuffers` that know their buffer.
+
+    ``_buffer`` lets the views fill themselves (`DescriptorBuffers.add_copies`); the buffer
+    checks that they are its live hand-out's views before it writes.
+    """
+
+    _buffer: ViewOwner
+    #: (checks) The same views again, never handed out, to check them by (the buffer's ``_own``).
+    masters: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+    # A copy is the public tuple, never a second set of views that could fill the buffer.
+    def __copy__(self) -> DescriptorBuffers:
+        return DescriptorBuffers(*self)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> DescriptorBuffers:
+        return DescriptorBuffers(*(tensor.clone() for tensor in self))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Plain tensors: a strict hand-out's guarded views carry what cannot be pickled.
+        return (DescriptorBuffers, tuple(tensor.as_subclass(torch.Tensor) for tensor in self))
+
+
+Views.__name__ = Views.__qualname__ = "DescriptorBuffers"  # reprs say the public name

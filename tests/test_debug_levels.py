@@ -338,6 +338,30 @@ def test_strict_catches_the_tuple_and_slices_of_views(no_heap_scans: None) -> No
         piece.tolist()
 
 
+#: Ops that return several views of their input, each to be guarded like a slice.
+MANY_VIEWS: dict[str, typing.Callable[[torch.Tensor], torch.Tensor]] = {
+    "split": lambda view: view.split(2)[0],  # type: ignore[no-untyped-call]
+    "chunk": lambda view: view.chunk(2)[1],
+    "unbind": lambda view: view.unbind()[0],
+    "tensor_split": lambda view: torch.tensor_split(view, 2)[1],
+    "broadcast_tensors": lambda view: torch.broadcast_tensors(view)[0],  # type: ignore[no-untyped-call]
+}
+
+
+@pytest.mark.parametrize("cut", MANY_VIEWS.values(), ids=MANY_VIEWS.keys())
+def test_strict_catches_views_that_ops_return_several_of(
+    cut: typing.Callable[[torch.Tensor], torch.Tensor], no_heap_scans: None
+) -> None:
+    pool = BucketPool(debug="strict")
+    with pool.acquire(4) as bufs:
+        kept = cut(bufs.sizes)
+        kept.fill_(3)  # fine while the hand-out lasts
+    with pytest.raises(UseAfterReleaseError):
+        kept.fill_(7)
+    with pool.acquire(4) as again:
+        assert again.sizes.tolist() == [0, 0, 0, 0]  # the poison, untouched
+
+
 def test_strict_catches_views_in_attributes_and_containers(no_heap_scans: None) -> None:
     pool = BucketPool(debug="strict")
 

@@ -138,6 +138,33 @@ def test_every_event_must_complete(pool: BucketPool) -> None:
     assert pool.collect() == 0
 
 
+@pytest.mark.parametrize("ending", ["release", "with"])
+def test_an_event_recorded_by_a_query_during_release_parks_the_buffer(
+    pool: BucketPool, ending: str
+) -> None:
+    # A query() asked by the release records another event on the handle: that one is
+    # pending too, so the buffer parks instead of going back to the cache.
+    handle = pool.acquire(5)
+    late = FlagEvent()
+
+    class Recording:
+        def query(self) -> bool:
+            handle.record_event(late)
+            return True
+
+    handle.record_event(Recording())
+    if ending == "release":
+        handle.release()
+    else:
+        with handle:
+            pass
+    assert pool.stats().parked == 1
+    with pool.acquire(5) as other:  # not the parked buffer
+        assert other.sizes.untyped_storage().data_ptr() != handle._buffer.address
+    late.done = True
+    assert pool.collect() == 1
+
+
 def test_done_events_are_not_queried_again(pool: BucketPool) -> None:
     handle = pool.acquire(5)
     done, pending = FlagEvent(done=True), FlagEvent()
