@@ -171,7 +171,7 @@ def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> bool:
         for _ in range(min(2, len(events))):
             oldest = events[0]
             try:
-                done = oldest.query()
+                done = bool(oldest.query())  # its truth too: user code
             except KeyboardInterrupt:
                 raise
             except BaseException:  # not this call's to report: kept, asked at release

@@ -130,7 +130,7 @@ class OutstandingBuffer:
     """One buffer handed out and not yet released, as `BucketPool.outstanding()` lists it.
 
     Attributes:
-        n: the entries the hand-out asked for.
+        n: the entries of the hand-out's views (after a `shrink`, the count it shrank to).
         capacity: the capacity of its bucket.
         acquired_at: where it was acquired, or `None` when the pool does not trace
             (make it with ``trace=True`` or a debug level).

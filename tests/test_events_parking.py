@@ -65,6 +65,30 @@ def test_record_event_does_not_query(pool: BucketPool) -> None:
     pool.collect()
 
 
+def test_record_event_keeps_the_new_event_when_an_earlier_answer_cannot_be_read(
+    pool: BucketPool,
+) -> None:
+    # An earlier event's query() answers with something whose truth raises: that is the
+    # earlier event's problem, asked again at release; this record takes effect.
+    class Unreadable:
+        def __bool__(self) -> bool:
+            raise DeviceError("lost the device")
+
+    class Odd:
+        def query(self) -> Unreadable:
+            return Unreadable()
+
+    handle = pool.acquire(4)
+    handle.record_event(Odd())  # type: ignore[arg-type]
+    pending = FlagEvent()
+    handle.record_event(pending)  # asks Odd first
+    handle.record_event(FlagEvent())
+    with pytest.raises(DeviceError):
+        handle.release()  # the release asks Odd again: the error, after taking effect
+    assert handle.released
+    assert pool.stats().parked == 1  # with every event kept
+
+
 # Issue 18 (the third hostile review), case 11.
 def test_record_event_asks_a_bounded_number_of_earlier_events(
     pool_at_each_level: BucketPool,
