@@ -161,44 +161,49 @@ class BufferHandle:
         events = buffer.events
         pending = None
         error: BaseException | None = None
-        if events:
-            asked = tuple(events)  # a copy: a query() may record more events on this handle
-            try:
-                pending = [event for event in asked if not event.query()]
-            except BaseException as caught:  # user code: the buffer stays parked; theirs
-                pending, error = list(events), caught
-            else:  # what a query() recorded meanwhile is pending too, unasked
-                seen = {id(event) for event in asked}
-                pending += [event for event in events if id(event) not in seen]
-            pending = pending or None
-            if self._token != token or buffer.token != token:  # a query() released it
-                if error is not None:
-                    raise error
-                self.__exit__(exc_type, exc, tb)  # refuses, as for any released handle
-                return
-        if exc is not None:
-            # A torch op that raised may have changed a view without counting the change
-            # (a failed resize_ or out=): the next hand-out checks every view set.
-            buffer.version = -2
-        watching = pool._watching
-        if watching:
-            buffer.released_at = _verify.site(pool._full_stack)
-        # The hand-out's events and views are cleared by the move that takes the buffer
-        # back, under the token check, so a late second release of this handle from another
-        # thread cannot clear the next hand-out's.  From the token store to the append no
-        # signal handler can run.
-        self._token = 0
         try:
-            buffer.bucket.inbox.append((buffer, token, pending))
-        except (RecursionError, MemoryError):  # not appended: the handle still holds it
-            self._token = token
-            raise
-        if watching and pool._level:
-            pool._drain(buffer.bucket)  # at once: stale views fail, and the poison is in place
-        if error is not None:
-            if exc is None or not isinstance(error, Exception):
-                raise error
-            _add_note(exc, f"bucketpool: releasing at the end of the with block: {error!r}")
+            if events:
+                asked = tuple(events)  # a copy: a query() may record more events on this handle
+                try:
+                    pending = [event for event in asked if not event.query()]
+                except BaseException as caught:  # user code: the buffer stays parked; theirs
+                    pending, error = list(events), caught
+                else:  # what a query() recorded meanwhile is pending too, unasked
+                    seen = {id(event) for event in asked}
+                    pending += [event for event in events if id(event) not in seen]
+                pending = pending or None
+                if self._token != token or buffer.token != token:  # a query() released it
+                    if error is not None:
+                        raise error
+                    self.__exit__(exc_type, exc, tb)  # refuses, as for any released handle
+                    return
+            if exc is not None:
+                # A torch op that raised may have changed a view without counting the change
+                # (a failed resize_ or out=): the next hand-out checks every view set.
+                buffer.version = -2
+            watching = pool._watching
+            if watching:
+                buffer.released_at = _verify.site(pool._full_stack)
+            # The hand-out's events and views are cleared by the move that takes the buffer
+            # back, under the token check, so a late second release of this handle from another
+            # thread cannot clear the next hand-out's.  From the token store to the append no
+            # signal handler can run.
+            self._token = 0
+            try:
+                buffer.bucket.inbox.append((buffer, token, pending))
+            except (RecursionError, MemoryError):  # not appended: the handle still holds it
+                self._token = token
+                raise
+            if watching and pool._level:
+                pool._drain(buffer.bucket)  # at once: stale views fail, and the poison is in place
+            if error is not None:
+                if exc is None or not isinstance(error, Exception):
+                    raise error
+                _add_note(exc, f"bucketpool: releasing at the end of the with block: {error!r}")
+        finally:
+            # Kept past this frame, the error's traceback (which holds this frame) would
+            # keep this frame's locals alive, and theirs: a cycle only the collector breaks.
+            error = None
 
     def release(self) -> None:
         """Give the buffer back to the pool.

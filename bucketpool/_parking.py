@@ -65,7 +65,7 @@ def poll(ledger: Ledger, budget: int = POLL_BUDGET) -> int:
     retired = 0
     index = 0
     for _ in range(budget):
-        moved, done, _ = _ask(ledger, queue, index, all_done)
+        moved, done = _ask(ledger, queue, index, all_done)[:2]  # its errors are not ours
         if moved is None:
             if index == 0:
                 break
@@ -88,9 +88,12 @@ def settle_parked(
     taken back, the first error an event raised, else the first in-flight problem.
     """
     retired, error = sweep(ledger, finished)
-    problems = drain(ledger, reported)
-    if error is not None:
-        raise error
+    try:
+        problems = drain(ledger, reported)
+        if error is not None:
+            raise error
+    finally:
+        error = None  # no cycle through this frame: its traceback holds the frame
     if problems:
         raise InFlightWriteError(problems[0])
     return retired
@@ -108,17 +111,20 @@ def sweep(
     retired = 0
     first_error: BaseException | None = None
     index = 0
-    for _ in range(len(queue)):
-        moved, done, error = _ask(ledger, queue, index, finished)
-        if moved is None:
-            break
-        if error is not None and first_error is None:
-            first_error = error
-        if moved and done:
-            retired += 1
-        else:
-            index += 1
-    return retired, first_error
+    try:
+        for _ in range(len(queue)):
+            moved, done, error = _ask(ledger, queue, index, finished)
+            if moved is None:
+                break
+            if error is not None and first_error is None:
+                first_error = error
+            if moved and done:
+                retired += 1
+            else:
+                index += 1
+        return retired, first_error
+    finally:
+        first_error = error = None  # no cycle through this frame (see `_ask`)
 
 
 def _ask(
@@ -150,6 +156,11 @@ def _ask(
         return ledger.step_parked(buffer, index, done), done, error
     except IndexError:
         return False, done, error
+    finally:
+        # The error's traceback holds this frame and, through it, the callers' frames: a
+        # local of any of them that held the error would keep them all (and what their
+        # locals hold, a caller's buffers) alive until the collector runs.
+        error = None
 
 
 def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> bool:

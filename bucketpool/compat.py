@@ -228,39 +228,42 @@ class _Adapter(typing.Generic[_Buffers]):
         buffer, token = record
         pending: list[CompletionEvent] | None = None
         error: BaseException | None = None
-        if event is not None:
-            if not callable(getattr(event, "query", None)):
-                raise TypeError(
-                    "release: event needs a query() -> bool method (torch.Event, "
-                    f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
-                )
-            try:
-                pending = None if event.query() else [event]
-            except BaseException as exc:  # user code: the buffer stays parked; it is theirs
-                pending, error = [event], exc
-        pool = self.pool
-        marks = None
-        if pool._watching:
-            checksum = None
-            if pool._level and pending:
-                checksum = _verify.checksum(buffer.arrays, buffer.span)
-            marks = (_verify.site(pool._full_stack), checksum)
-        # Made while the hand-out lasts, from the views as they are: never the cached
-        # ones, which a racing release could share (the next acquire checks the views).
-        whole = buffer.whole
-        if whole is None or self._aliased or buffer.base._version != buffer.version:
-            following = self._make(buffer, False)
-        else:
-            following_tuple = tuple.__new__(self._held, whole)
-            following = (following_tuple, id(following_tuple))
-        # One move checks the token and ends the hand-out, so that of two releases of one
-        # tuple exactly one takes effect, whatever ran between (the event's query()).
-        if not pool._ledger.end_held(buffer, token, holder_id, pending, following, marks):
-            raise ReleaseError(self._refusal(bufs))
-        if pool._level:
-            pool._drain()
-        if error is not None:
-            raise error
+        try:
+            if event is not None:
+                if not callable(getattr(event, "query", None)):
+                    raise TypeError(
+                        "release: event needs a query() -> bool method (torch.Event, "
+                        f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
+                    )
+                try:
+                    pending = None if event.query() else [event]
+                except BaseException as exc:  # user code: the buffer stays parked; it is theirs
+                    pending, error = [event], exc
+            pool = self.pool
+            marks = None
+            if pool._watching:
+                checksum = None
+                if pool._level and pending:
+                    checksum = _verify.checksum(buffer.arrays, buffer.span)
+                marks = (_verify.site(pool._full_stack), checksum)
+            # Made while the hand-out lasts, from the views as they are: never the cached
+            # ones, which a racing release could share (the next acquire checks the views).
+            whole = buffer.whole
+            if whole is None or self._aliased or buffer.base._version != buffer.version:
+                following = self._make(buffer, False)
+            else:
+                following_tuple = tuple.__new__(self._held, whole)
+                following = (following_tuple, id(following_tuple))
+            # One move checks the token and ends the hand-out, so that of two releases of one
+            # tuple exactly one takes effect, whatever ran between (the event's query()).
+            if not pool._ledger.end_held(buffer, token, holder_id, pending, following, marks):
+                raise ReleaseError(self._refusal(bufs))
+            if pool._level:
+                pool._drain()
+            if error is not None:
+                raise error
+        finally:
+            error = None  # no cycle through this frame (see `BufferHandle.__exit__`)
 
     @property
     def _pool(self) -> _IdleBuffers[_Buffers]:

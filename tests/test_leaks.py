@@ -19,6 +19,7 @@ from bucketpool import (
     LeakWarning,
     OutstandingBuffer,
 )
+from bucketpool.compat import DescriptorBufferPool
 from bucketpool.testing import assert_no_outstanding
 
 
@@ -200,6 +201,80 @@ def test_a_leaked_handle_whose_event_raises_stays_parked_and_owned(pool: BucketP
     event.after = True
     assert pool.collect() == 1
     assert pool.stats().cached_bytes == TRIPLE_16
+
+
+class _Lost:
+    """An event whose device is gone: every query() raises."""
+
+    def query(self) -> bool:
+        raise DeviceError("device lost")
+
+
+def _park_on_a_lost_device(pool: BucketPool) -> None:
+    handle = pool.acquire(5)
+    handle.record_event(_Lost())
+    with pytest.raises(DeviceError):
+        handle.release()
+
+
+def _acquire_after_a_poll_that_raised() -> BucketPool:
+    pool = BucketPool()
+    _park_on_a_lost_device(pool)
+    pool.acquire(5)  # asks the parked buffer (its error is not ours); the handle is dropped
+    return pool
+
+
+def _compat_acquire_after_a_poll_that_raised() -> BucketPool:
+    compat = DescriptorBufferPool()
+    _park_on_a_lost_device(compat.pool)
+    compat.acquire(5)  # ... and the tuple is dropped
+    return compat.pool
+
+
+def _release_whose_event_raised() -> BucketPool:
+    pool = BucketPool()
+    kept = pool.acquire(5)
+    dropped = pool.acquire(5)  # never released: dropped as this function returns
+    kept.record_event(_Lost())
+    with pytest.raises(DeviceError):
+        kept.release()
+    assert dropped is not kept
+    return pool
+
+
+def _compat_release_whose_event_raised() -> BucketPool:
+    compat = DescriptorBufferPool()
+    kept = compat.acquire(5)
+    dropped = compat.acquire(5)  # never released: dropped as this function returns
+    with pytest.raises(DeviceError):
+        compat.release(kept, event=_Lost())
+    assert dropped is not kept
+    return compat.pool
+
+
+@pytest.mark.parametrize(
+    "drop",
+    [
+        _acquire_after_a_poll_that_raised,
+        _compat_acquire_after_a_poll_that_raised,
+        _release_whose_event_raised,
+        _compat_release_whose_event_raised,
+    ],
+)
+def test_a_holder_dropped_after_a_query_raised_is_taken_back_at_once(
+    drop: typing.Callable[[], BucketPool],
+) -> None:
+    # An error that a query() raised holds the frames it went through; no frame of the pool
+    # may keep it, or only the collector could take back what the callers dropped.
+    gc.disable()
+    try:
+        with pytest.warns(LeakWarning):
+            pool = drop()
+        stats = pool.stats()
+        assert stats.active_requests.current == 0  # the dropped holder's buffer is back
+        assert stats.leaks == 1
+    finally:
+        gc.enable()
 
 
 # Found by test_signals_fork's interrupt at each point: an interrupt at the start of a with
