@@ -300,6 +300,10 @@ class Buffer:
     def narrow(self, views: DescriptorBuffers, count: int) -> None:
         """Resize *views* (this hand-out's) to *count* entries in place, and re-key them."""
         in_step = self.base._version == self.version
+        if self.whole is not None and self.whole[0] is views[0]:
+            # A compat tuple holds these very tensors: uncounted, the next compat hand-out
+            # would get them shrunk; counted, it gets whole views again.
+            in_step, self.whole = False, None
         for view in views:
             view.resize_(count)
         if self.guard is None:

@@ -198,14 +198,17 @@ def to_array(values: object, name: str) -> IntArray:
             raise TypeError(f"{name} must hold integers, got {_describe(values)}: {exc}") from None
     elif isinstance(values, Sequence) and not isinstance(values, (str, bytes, bytearray)):
         from_python = True
+        items = list(values)  # read once, so that what is checked is what is converted
         try:
-            arr = np.asarray(values)
+            arr = np.asarray(items)
         except (TypeError, ValueError, OverflowError):
             raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}") from None
         if arr.dtype.kind in "fO" and arr.ndim == 1:
             # numpy reads a list mixing ints >= 2**63 with other ints as float64 (inexact),
             # and ints beyond 64 bits as objects: read such lists exactly, or reject them.
-            arr = _python_ints(values, name)
+            arr = _python_ints(items, name)
+        elif arr.dtype.kind in "iu" and not _BOOLS.isdisjoint(map(type, items)):
+            arr = _python_ints(items, name)  # numpy took bools among ints as 0 and 1: refused
     else:
         raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}")
     if arr.dtype.kind not in "iu":
@@ -219,8 +222,10 @@ def to_array(values: object, name: str) -> IntArray:
     return arr
 
 
-def _python_ints(values: Sequence[object], name: str) -> npt.NDArray[np.uint64]:
-    items = list(values)  # read once, so that what is checked is what is converted
+_BOOLS = frozenset((bool, np.bool_))
+
+
+def _python_ints(items: Sequence[object], name: str) -> npt.NDArray[np.uint64]:
     for i, value in enumerate(items):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(

@@ -64,7 +64,7 @@ def poll(ledger: Ledger, budget: int = POLL_BUDGET) -> int:
     queue = ledger.parked_queue
     retired = 0
     index = 0
-    for _ in range(budget):
+    for _ in range(min(budget, len(queue))):  # no buffer asked twice in one poll
         moved, done = _ask(ledger, queue, index, all_done)[:2]  # its errors are not ours
         if moved is None:
             if index == 0:

@@ -77,13 +77,12 @@ class BucketPool:
     __slots__ = (
         "__weakref__",
         "_buckets",
+        "_by_bits",
         "_full_stack",
         "_ledger",
         "_level",
         "_lock",
         "_max_capacity",
-        "_min_capacity",
-        "_min_index",
         "_reported",
         "_self_ref",
         "_settings",
@@ -124,8 +123,8 @@ class BucketPool:
         self._buckets = ledger.buckets
         self._lock = LOCK
         self._max_capacity = settings.max_capacity
-        self._min_capacity = settings.min_capacity
-        self._min_index = settings.min_capacity.bit_length() - 1
+        first = settings.min_capacity.bit_length() - 1  # n <= min_capacity (0 too): the first
+        self._by_bits = [self._buckets[max(bits, first)] for bits in range(len(self._buckets))]
         self._full_stack = settings.trace
         self._tracing = self._level > 0 or settings.trace
         self._watching = self._tracing
@@ -171,7 +170,7 @@ class BucketPool:
         """
         if type(n) is not int or n < 0 or n > self._max_capacity:
             n = check_count(n, self._max_capacity)
-        bucket = self._buckets[(n - 1).bit_length() if n > self._min_capacity else self._min_index]
+        bucket = self._by_bits[((n or 1) - 1).bit_length()]
         if _is_owned():
             raise reentered("acquire")
         frame = _getframe(1)  # the acquire's site, for a leak warning: no stack walk
@@ -371,6 +370,7 @@ class BucketPool:
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
         self._outside("reset_peak_stats")
+        self._drain()  # releases waiting in the inboxes are over: not counted as active
         self._ledger.reset_peaks()
 
     def bucket_capacity(self, n: SupportsIndex) -> int:
@@ -382,7 +382,7 @@ class BucketPool:
         return self._bucket_for(check_count(n, self._max_capacity, "bucket_capacity")).capacity
 
     def _bucket_for(self, n: int) -> Bucket:
-        return self._buckets[(n - 1).bit_length() if n > self._min_capacity else self._min_index]
+        return self._by_bits[((n or 1) - 1).bit_length()]  # the bucket of n, by its bit length
 
     def _outside(self, operation: str) -> None:
         """Refuse *operation* when this thread is inside a move already.

@@ -245,8 +245,9 @@ def resolve_settings(
 
     Explicit arguments that are not `None` win over ``BUCKETPOOL_DEBUG``, which wins over
     ``BUCKETPOOL_CONF`` (comma-separated ``key=value`` items), which wins over the defaults.
-    An environment value for a setting given explicitly is not even parsed, so a bad one
-    there cannot fail the call. ``BUCKETPOOL_CONF`` may set `ENVIRONMENT_KEYS`; integers
+    A value that a higher source overrides (an explicit argument; ``BUCKETPOOL_DEBUG`` for
+    a ``debug`` item of ``BUCKETPOOL_CONF``) is not even parsed, so a bad one there cannot
+    fail the call. ``BUCKETPOOL_CONF`` may set `ENVIRONMENT_KEYS`; integers
     are written as Python literals (``1024``, ``0x400``, ``1_024``), booleans as ``true`` or
     ``false`` (any case), and each key at most once.
 
@@ -325,6 +326,8 @@ def _parse(key: str, raw: str, where: str) -> object:
             return False
         raise ValueError(f"{where} is not a boolean; write true or false")
     try:
+        if not raw.isascii():  # int() would take other scripts' digits: not a Python literal
+            raise ValueError(raw)
         return int(raw, 0)
     except ValueError:
         raise ValueError(f"{where} is not an integer; write e.g. {key}=1024") from None

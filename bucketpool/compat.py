@@ -163,7 +163,7 @@ class _Adapter(typing.Generic[_Buffers]):
         pool = self.pool
         if type(n) is not int or n < 0 or n > pool._max_capacity:
             n = check_count(n, pool._max_capacity)
-        bucket = pool._buckets[(n - 1).bit_length() if n > pool._min_capacity else pool._min_index]
+        bucket = pool._by_bits[((n or 1) - 1).bit_length()]
         if owned():
             raise reentered("acquire")
         frame = _getframe(1)
@@ -271,10 +271,13 @@ class _Adapter(typing.Generic[_Buffers]):
 
         Exists only for code and tests written against the original pool, which read its
         ``_pool`` list: ``len()``, truth, iteration and indexing behave like that list of
-        idle triples, the most recently released last: each is the tuple that buffer's
-        next acquire hands out.  Each call reads a fresh snapshot.  Read-only.
+        idle triples, bucket by bucket (smallest first), in each the most recently released
+        last.  Each entry holds the tensors that buffer's next acquire hands out, in a
+        tuple of the public class: releasing one is refused, as for any tuple not acquired,
+        so that looking never lets anyone end another's hand-out.  Each call reads a fresh
+        snapshot.  Read-only.
         """
-        return _IdleBuffers(self.pool, self._make)
+        return _IdleBuffers(self.pool, self._make, self._held._public)
 
     def _refusal(self, bufs: object) -> str:
         name = type(bufs).__name__
@@ -297,7 +300,8 @@ def _owned_by(pool: BucketPool, tensor: object) -> bool:
     if not isinstance(tensor, torch.Tensor):
         return False
     try:
-        address = tensor.untyped_storage().data_ptr()
+        with torch._C.DisableTorchFunctionSubclass():  # a strict view, released, refuses
+            address = tensor.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):
         return False
     return any(buffer.address == address for buffer in pool._ledger.buffers())
@@ -307,27 +311,31 @@ def _owned_by(pool: BucketPool, tensor: object) -> bool:
 class _IdleBuffers(typing.Generic[_Buffers]):
     """A read-only, list-like view of a pool's idle buffers (see `_Adapter._pool`)."""
 
-    __slots__ = ("_pool", "_triple")
+    __slots__ = ("_pool", "_public", "_triple")
 
     def __init__(
-        self, pool: BucketPool, make: typing.Callable[[Buffer, bool], tuple[object, int]]
+        self,
+        pool: BucketPool,
+        make: typing.Callable[[Buffer, bool], tuple[object, int]],
+        public: type[DescriptorBuffers] | type[AliasedDescriptorBuffers],
     ) -> None:
         self._pool = pool
         self._triple = make
+        self._public = public
 
     def _snapshot(self) -> list[_Buffers]:
-        """The tuples kept with the cached buffers, newest last per bucket."""
+        """Copies of the tuples the cached buffers' next hand-outs get, newest last per bucket."""
         pool = self._pool
         pool._outside("_pool")
         pool._drain()
-        holders = []
+        entries = []
         for bucket in pool._buckets:
             for buffer in list(bucket.free):  # read without the lock: a snapshot to look at
-                if buffer.next_holder is None:
-                    pool._ledger.attach_holder(buffer, *self._triple(buffer, False))
-                if buffer.next_holder is not None:
-                    holders.append(buffer.next_holder)
-        return typing.cast("list[_Buffers]", holders)
+                held = buffer.next_holder
+                if held is None:
+                    held = self._triple(buffer, False)[0]
+                entries.append(self._public(*typing.cast("tuple[typing.Any, ...]", held)))
+        return typing.cast("list[_Buffers]", entries)
 
     def __len__(self) -> int:
         return len(self._snapshot())

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bucketpool import bucket_capacity
+from bucketpool import BucketPool, bucket_capacity
 from bucketpool._buckets import (
     DEFAULT_MAX_CAPACITY,
     DEFAULT_MIN_CAPACITY,
@@ -64,6 +64,16 @@ def test_capacity_for_respects_minimum(n: int, min_capacity: int) -> None:
     assert capacity >= max(n, min_capacity)
     assert capacity & (capacity - 1) == 0
     assert capacity == min_capacity or capacity // 2 < n
+
+
+@pytest.mark.parametrize("min_capacity", [1, 2, 16, 1024])
+def test_a_pool_serves_each_n_from_the_bucket_capacity_for_gives(min_capacity: int) -> None:
+    pool = BucketPool(min_capacity=min_capacity, max_capacity=4096)
+    for n in [*range(70), 1023, 1024, 1025, 4095, 4096]:
+        expected = capacity_for(n, min_capacity)
+        assert pool.bucket_capacity(n) == expected, n
+        with pool.acquire(n) as bufs:
+            assert bufs.sizes.untyped_storage().nbytes() == 3 * 8 * expected, n
 
 
 def test_numpy_integers_are_counts() -> None:

@@ -315,13 +315,46 @@ def test_private_pool_view_behaves_like_the_originals_list() -> None:
     assert pool._pool[-1].src_ptrs is bufs[2].src_ptrs
     assert pool._pool[0].src_ptrs is bufs[0].src_ptrs
     assert [t.src_ptrs for t in pool._pool[:2]] == [bufs[0].src_ptrs, bufs[1].src_ptrs]
+    # Entries are the public class, holding the tensors: releasing one is refused, so that
+    # looking never ends another's hand-out (the next acquire hands out that buffer).
+    entry = pool._pool[-1]
+    assert type(entry) is AliasedDescriptorBuffers
+    with pytest.raises(ReleaseError):
+        pool.release(entry)
     handed = pool.acquire(40)
-    assert handed is pool._pool[-1] or handed.src_ptrs is bufs[2].src_ptrs
+    assert handed.src_ptrs is entry.src_ptrs
+    with pytest.raises(ReleaseError):
+        pool.release(entry)  # not while another holds that buffer either
     pool.release(handed)
     with pytest.raises(IndexError):
         pool._pool[3]
     with pytest.raises(AttributeError):
         pool._pool = []  # type: ignore[misc, assignment]
+
+
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+def test_a_handle_that_shrinks_the_whole_views_leaves_compat_tuples_whole(
+    level: DebugLevel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A handle of n == capacity may get the views a compat tuple holds; its shrink must not
+    # reach the adapter's next triple, which has the whole capacity.
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", level)
+    compat = DescriptorBufferPool()
+    compat.release(compat.acquire(5))
+    with compat.pool.acquire(16) as views:
+        views.shrink(2)
+    again = compat.acquire(5)
+    assert [len(tensor) for tensor in again] == [16, 16, 16]
+    compat.release(again)
+
+
+def test_a_double_release_at_strict_says_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", "strict")
+    compat = DescriptorBufferPool()
+    bufs = compat.acquire(5)
+    compat.release(bufs)
+    with pytest.raises(ReleaseError, match="already released"):
+        compat.release(bufs)
 
 
 def test_instances_can_be_patched() -> None:

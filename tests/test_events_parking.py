@@ -313,6 +313,22 @@ def test_events_are_never_queried_under_the_pool_lock(pool: BucketPool) -> None:
     assert not any(event.under_lock)
 
 
+@pytest.mark.pool(idle_trim_acquires=0)
+def test_a_miss_asks_each_parked_buffer_at_most_once(pool: BucketPool) -> None:
+    events = [FlagEvent() for _ in range(2)]
+    for event in events:
+        handle = pool.acquire(8)
+        handle.record_event(event)
+        handle.release()  # asked once here
+    before = [event.queries for event in events]
+    with pool.acquire(8):  # a miss: polls the two parked buffers, once each
+        pass
+    assert [event.queries - asked for event, asked in zip(events, before, strict=True)] == [1, 1]
+    for event in events:
+        event.done = True
+    assert pool.collect() == 2
+
+
 @pytest.mark.pool(idle_trim_acquires=4)
 def test_an_acquire_never_sees_another_buffers_query_error(pool: BucketPool) -> None:
     failing = ScriptedEvent(False, after=RuntimeError("device lost"))

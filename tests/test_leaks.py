@@ -296,14 +296,20 @@ def test_a_handle_after_a_gc_closed_with_block_still_reports_its_leak(pool: Buck
     """Issue 10, case 6: after a GC-closed with block, a recycled handle that leaked was never
     returned."""
     abandon_in_cycle(pool, 8)
-    gc.collect()  # closes the with block: the buffer is released
-    assert pool.stats().active_requests.current == 0
+    with warnings.catch_warnings():
+        # The collector may finalise the handle before the generator's exit (its order):
+        # then that hand-out is reported as a leak. Either way the buffer comes back once.
+        warnings.simplefilter("ignore", LeakWarning)
+        gc.collect()  # closes the with block
+    before = pool.stats()
+    assert before.active_requests.current == 0
+    assert before.cached_bytes == TRIPLE_16
     with pytest.warns(LeakWarning, match="n=8 was never released"):
         leak(pool, 8)  # gets that buffer again, and drops the handle
     stats = pool.stats()
     assert stats.active_requests.current == 0
     assert stats.cached_bytes == TRIPLE_16
-    assert stats.leaks == 1
+    assert stats.leaks == before.leaks + 1
 
 
 # -- outstanding and acquire sites ---------------------------------------------------------

@@ -217,6 +217,14 @@ def test_other_booleans_are_refused(raw: str) -> None:
         resolve_settings({}, environ=conf(f"trace={raw}"))
 
 
+@pytest.mark.parametrize("raw", ["\uff11\uff10\uff12\uff14", "\u0661\u0660", "1\u0660"])
+def test_integers_are_ascii_python_literals(raw: str) -> None:
+    # int() takes the digits of other scripts (fullwidth, Arabic-Indic): a literal does not.
+    assert int(raw) >= 0
+    with pytest.raises(ValueError, match=r"is not an integer; write e\.g\. max_cached_bytes=1024"):
+        resolve_settings({}, environ=conf(f"max_cached_bytes={raw}"))
+
+
 def test_a_duplicate_key_is_an_error_naming_it() -> None:
     with pytest.raises(ValueError, match=r"duplicate key 'max_cached_bytes' \(already "):
         resolve_settings({}, environ=conf("max_cached_bytes=1,trace=true,max_cached_bytes=2"))

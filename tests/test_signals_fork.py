@@ -38,6 +38,7 @@ from _helpers import (
 from bucketpool import (
     BucketPool,
     BufferHandle,
+    LeakWarning,
     PoolError,
     ReleaseError,
     _lock,
@@ -146,7 +147,11 @@ def test_a_with_block_closed_by_gc_inside_the_pool_lock_does_not_deadlock() -> N
         gc.enable()
     assert not thread.is_alive(), "deadlock: the with block's exit waited for the pool lock"
     assert queued[0] > 0  # collected there: its release waited in the inbox
-    stats = pool.stats()  # the next operation takes back what the exit queued
+    with warnings.catch_warnings():
+        # The collector may have finalised the handle before the generator's exit (its
+        # order): then that hand-out is reported as a leak. The buffer comes back once.
+        warnings.simplefilter("ignore", LeakWarning)
+        stats = pool.stats()  # the next operation takes back what the exit queued
     assert stats.active_requests.current == 0
     assert stats.cached_bytes == TRIPLE_16
     assert pool.outstanding() == []
