@@ -1,7 +1,10 @@
 """The floor case: the least a sound pure-Python pool does per op, timed beside the pools.
 
-Two skeletons, each as sound as bucketpool where soundness is concerned and bare elsewhere:
-one size, no buckets, no counters, caps, events, debug levels or sweeps.
+Two skeletons that keep what a sound pool cannot do without, and nothing else: one size, no
+buckets, no counters, caps, events, debug levels or sweeps. Where they do less than
+bucketpool does for soundness (`FloorCompat` hands out the views its tuples were made with,
+unchecked; no view set is ever repaired, only cut anew), they are cheaper for it: a floor
+that errs low, so that a goal below it is below what any sound pool of this design can do.
 
 * `FloorPool` (the ``with pool.acquire(n)`` path): one locked section per op that checks
   the returned entry's token and binds a new token to a handle made before it; views cached
@@ -129,6 +132,15 @@ class _Handle:
 
     _buffer: _Buffer
     _token: int
+
+    def __copy__(self) -> typing.NoReturn:
+        raise TypeError("a handle has one holder: it is not copied")
+
+    def __deepcopy__(self, memo: object) -> typing.NoReturn:
+        raise TypeError("a handle has one holder: it is not copied")
+
+    def __reduce_ex__(self, protocol: typing.SupportsIndex) -> typing.NoReturn:
+        raise TypeError("a handle has one holder: it is not pickled")
 
     def __del__(self) -> None:
         token = self._token

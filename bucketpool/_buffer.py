@@ -20,23 +20,20 @@ from __future__ import annotations
 import collections
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, SupportsIndex
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import torch
 
-from bucketpool import _fill
-from bucketpool._buckets import as_index
-from bucketpool._errors import ReleaseError
 from bucketpool._types import (
     ENTRY_BYTES,
     FIELDS,
     CompletionEvent,
     DescriptorArrays,
     DescriptorBuffers,
-    IntegerInput,
     Views,
 )
+from bucketpool._viewfills import ViewFills
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -93,12 +90,12 @@ class Bucket:
         self.last_tick = 0  # the tick of its last hand-out (or reservation)
 
 
-class Buffer:
+class Buffer(ViewFills):
     """One buffer: its memory, its cached views, and the records of its hand-out."""
 
     __slots__ = (
+        "_arrays",
         "address",
-        "arrays",
         "base",
         "bucket",
         "checksum",
@@ -139,9 +136,7 @@ class Buffer:
         self.base = _empty(FIELDS * capacity, dtype=dtype, pin_memory=pin_memory)
         self.storage = self.base.untyped_storage()
         self.address = self.base.data_ptr()
-        #: The pool's own numpy arrays of the whole fields: fills write through these, and
-        #: they are never handed out, so no holder can change them.
-        self.arrays = _field_arrays(self.base, capacity)
+        self._arrays = _field_arrays(self.base, capacity)  # see `arrays`
         self.views: dict[int, Views] = {}
         # At debug level strict every hand-out gets guarded views of its own, made by
         # *guard* (`bucketpool._guard.guarded_views`): an impossible version sends every
@@ -170,6 +165,17 @@ class Buffer:
         self.next_id = 0  # ... and its id()
         self.pool_ref: Callable[[], object] | None = None  # compat: a weakref to the pool
 
+    @property
+    def arrays(self) -> DescriptorArrays:
+        """The pool's own numpy arrays of the whole fields; fills write through these.
+
+        They are never handed out, so no holder changes them; made anew first if the
+        memory moved under them (``share_memory_()`` on a view moves it uncounted).
+        """
+        if self.storage.data_ptr() != self.address:
+            self._restore_base()
+        return self._arrays
+
     # -- views ------------------------------------------------------------------------------
 
     def views_for(self, n: int) -> Views:
@@ -197,10 +203,17 @@ class Buffer:
         else:
             # Reuse the oldest set: three in-place resizes cost less than three new views.
             found = views.pop(next(iter(views)))
-            for view in (*found, *found.masters) if self.own_sets else found:
-                view.resize_(n)
-            if not self.own_sets:
-                self.version = self.base._version  # our own change
+            if self.own_sets and not self._matches(found):
+                found = self.cut(n)  # (checks) a holder changed it: not reused
+            else:
+                try:
+                    for view in (*found, *found.masters) if self.own_sets else found:
+                        view.resize_(n)
+                except RuntimeError:  # a holder put it on memory that cannot grow
+                    found = self.cut(n)
+                else:
+                    if not self.own_sets:
+                        self.version = self.base._version  # our own change
         views[n] = found
         return found
 
@@ -209,10 +222,7 @@ class Buffer:
         if n not in self.views:  # a set to cut from the buffer's tensor: put that back first
             self._restore_base()
         found = self._cached(n)
-        (src, dst, sizes), (first, second, third) = found, found.masters
-        # is_set_to: the same memory, offset, shape and strides as the copy never handed out.
-        intact = src.is_set_to(first) and dst.is_set_to(second) and sizes.is_set_to(third)
-        if not intact or not self._plain(found) or self.storage.data_ptr() != self.address:
+        if not self._matches(found):
             self._repair()
             self.version = -1
             found = self._cached(n)
@@ -220,26 +230,46 @@ class Buffer:
         own._buffer = self
         return own
 
+    def _matches(self, views: Views) -> bool:
+        """(checks) Whether *views* are still as cut: plain, and on memory that did not move.
+
+        ``is_set_to`` compares each with its kept copy: the same storage, offset, shape and
+        strides (not the dtype, class or bits: `_plain` does).
+        """
+        (src, dst, sizes), (first, second, third) = views, views.masters
+        return (
+            src.is_set_to(first)
+            and dst.is_set_to(second)
+            and sizes.is_set_to(third)
+            and self._plain(views)
+            and self.storage.data_ptr() == self.address
+        )
+
     def _plain(self, views: Views) -> bool:
-        """Whether *views* are plain tensors of the pool's dtype, with no negation bit."""
+        """Whether *views* are plain tensors of the pool's dtype, with no negation or conj bit."""
         src, dst, sizes = views
         return (
             type(src) is type(dst) is type(sizes) is torch.Tensor
             and src.dtype is dst.dtype is sizes.dtype is self.dtype
             and not (src.is_neg() or dst.is_neg() or sizes.is_neg())
+            and not (src.is_conj() or dst.is_conj() or sizes.is_conj())
         )
 
     def _intact_set(self, views: Views, n: int) -> bool:
         """Whether *views* are still the three fields' first *n* entries, 1-D, contiguous."""
-        here, step = self.address, self.bucket.capacity * ENTRY_BYTES
         src, dst, sizes = views
         if not src.shape == dst.shape == sizes.shape == (n,) or not self._plain(views):
             return False
-        if not n:  # empty: torch gives no address, and there is nothing to reach
-            return True
-        places = (src.data_ptr(), dst.data_ptr(), sizes.data_ptr())
-        contiguous = src.is_contiguous() and dst.is_contiguous() and sizes.is_contiguous()
-        return places == (here, here + step, here + 2 * step) and contiguous
+        own, capacity = self.storage._cdata, self.bucket.capacity  # the storage itself, not
+        storages = (src.untyped_storage(), dst.untyped_storage(), sizes.untyped_storage())
+        offsets = (src.storage_offset(), dst.storage_offset(), sizes.storage_offset())
+        return (
+            all(storage._cdata == own for storage in storages)  # another on the same memory
+            and offsets == (0, capacity, 2 * capacity)
+            and src.is_contiguous()
+            and dst.is_contiguous()
+            and sizes.is_contiguous()
+        )
 
     def cut(self, n: int) -> Views:
         """A new view set of *n* entries (not cached)."""
@@ -278,12 +308,13 @@ class Buffer:
         base = self.base
         capacity = self.bucket.capacity
         size = FIELDS * capacity
-        if type(base) is not torch.Tensor or base.dtype is not self.dtype or base.is_neg():
+        kind = (type(base), base.dtype, base.is_neg(), base.is_conj())
+        if kind != (torch.Tensor, self.dtype, False, False):
             # Views cut from it would be of another kind: a new tensor, and new views.
             self.base = base = _empty(0, dtype=self.dtype).set_(self.storage, 0, (size,), (1,))
             self.views.clear()
         elif (
-            base.untyped_storage().data_ptr() != self.storage.data_ptr()
+            base.untyped_storage()._cdata != self.storage._cdata  # not another on our memory
             or base.shape != (size,)
             or base.stride() != (1,)
             or base.storage_offset()
@@ -294,7 +325,7 @@ class Buffer:
         if base.data_ptr() != self.address:
             # The memory moved: the arrays point at the old memory, and every view too.
             self.address = base.data_ptr()
-            self.arrays = _field_arrays(base, capacity)
+            self._arrays = _field_arrays(base, capacity)
             self.views.clear()
 
     def narrow(self, views: DescriptorBuffers, count: int) -> None:
@@ -324,66 +355,6 @@ class Buffer:
         """Numpy arrays of the first *n* entries of each field, made for one caller."""
         src, dst, sizes = self.arrays
         return (src[:n], dst[:n], sizes[:n])
-
-    # -- fills through the views (`DescriptorBuffers.add_copies` and friends) ---------------
-
-    def fill_copies(
-        self,
-        views: DescriptorBuffers,
-        first: SupportsIndex,
-        sources: IntegerInput,
-        destinations: IntegerInput,
-        byte_counts: IntegerInput | SupportsIndex,
-    ) -> int:
-        """`DescriptorBuffers.add_copies`: read every input, check the hand-out, write."""
-        token = self.token  # the hand-out the inputs are read for
-        plan = _fill.plan_copies(self.arrays, first, sources, destinations, byte_counts)
-        self.check_live(views, "add_copies", token)
-        return _fill.write_copies(self.arrays, self.n, plan)
-
-    def fill_block_copies(
-        self,
-        views: DescriptorBuffers,
-        first: SupportsIndex,
-        src_base: SupportsIndex,
-        dst_base: SupportsIndex,
-        src_blocks: IntegerInput,
-        dst_blocks: IntegerInput,
-        block_bytes: SupportsIndex,
-        total_bytes: SupportsIndex | None,
-        coalesce: bool,
-    ) -> int:
-        """`DescriptorBuffers.add_block_copies`: read every input, check, write."""
-        token = self.token
-        plan = _fill.plan_block_copies(
-            self.arrays, first, src_base, dst_base, src_blocks, dst_blocks, block_bytes,
-            total_bytes, coalesce,
-        )  # fmt: skip
-        self.check_live(views, "add_block_copies", token)
-        return _fill.write_block_copies(self.arrays, self.n, plan)
-
-    def shrink_views(self, views: DescriptorBuffers, count: SupportsIndex) -> DescriptorBuffers:
-        """`DescriptorBuffers.shrink`: check the count and the hand-out, then resize."""
-        token = self.token
-        k = as_index(count, "shrink: count", hint="pass the index add_copies() returned")
-        self.check_live(views, "shrink", token)
-        if not 0 <= k <= self.n:
-            raise ValueError(
-                f"shrink: count={k} is outside 0..n={self.n}; views can only shrink (acquire "
-                "a larger handle to write more entries)"
-            )
-        self.narrow(views, k)
-        return views
-
-    def check_live(self, views: DescriptorBuffers, operation: str, token: int) -> None:
-        """Refuse *operation* unless *views* are the live hand-out's, *token*'s."""
-        # *token* was read as the operation began: its inputs (user code) may end it.
-        if token <= 0 or self.token != token or self.current is not views:
-            raise ReleaseError(
-                f"{operation}: these views (capacity {self.bucket.capacity}) belong to a "
-                "hand-out that is over; use the views of a live handle (with "
-                "pool.acquire(n) as bufs: ...)"
-            )
 
     def scrap(self) -> None:
         """(freed, outside the lock) Drop what refers back to the buffer, so it goes at once."""

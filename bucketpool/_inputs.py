@@ -207,8 +207,8 @@ def to_array(values: object, name: str) -> IntArray:
             # numpy reads a list mixing ints >= 2**63 with other ints as float64 (inexact),
             # and ints beyond 64 bits as objects: read such lists exactly, or reject them.
             arr = _python_ints(items, name)
-        elif arr.dtype.kind in "iu" and not _BOOLS.isdisjoint(map(type, items)):
-            arr = _python_ints(items, name)  # numpy took bools among ints as 0 and 1: refused
+        elif arr.dtype.kind in "iu" and not _SUSPECT.isdisjoint(map(type, items)):
+            arr = _python_ints(items, name)  # numpy took bools (0-d arrays too) as ints: refused
     else:
         raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}")
     if arr.dtype.kind not in "iu":
@@ -222,7 +222,8 @@ def to_array(values: object, name: str) -> IntArray:
     return arr
 
 
-_BOOLS = frozenset((bool, np.bool_))
+#: Items numpy reads as ints in a list that are not ints (a 0-d array may hold a bool).
+_SUSPECT = frozenset((bool, np.bool_, np.ndarray))
 
 
 def _python_ints(items: Sequence[object], name: str) -> npt.NDArray[np.uint64]:

@@ -151,6 +151,7 @@ ERROR_CASES: list[tuple[dict[str, Any], type[Exception], Sequence[str]]] = [
     ({"sources": np.array([True, False])}, TypeError, ["sources", "bool"]),
     ({"sources": [True, False]}, TypeError, ["sources", "bool"]),
     ({"sources": [10, True]}, TypeError, ["sources[1] = True", "bool"]),
+    ({"sources": [np.array(True), 10]}, TypeError, ["sources[0]", "ndarray"]),
     ({"destinations": (np.bool_(False), 20)}, TypeError, ["destinations[0]", "bool"]),
     ({"byte_counts": [8, False]}, TypeError, ["byte_counts[1] = False", "bool"]),
     ({"sources": ["10", "20"]}, TypeError, ["sources"]),

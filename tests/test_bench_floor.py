@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import gc
+import pickle
 
 import pytest
 from _bench_case import run_case
@@ -21,6 +23,14 @@ def test_the_with_skeleton_hands_out_n_entries_and_refuses_stale_handles() -> No
     with pool.acquire(3) as again:  # the same buffer, new views of the new n
         assert again.sizes.shape == (3,)
         assert again.sizes.data_ptr() == bufs.sizes.data_ptr()
+
+
+def test_a_with_skeleton_handle_is_not_copied() -> None:
+    handle = floor.FloorPool().acquire(2)
+    for copier in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError):
+            copier(handle)
+    handle.__exit__()
 
 
 def test_the_with_skeleton_takes_back_a_dropped_handle() -> None:
