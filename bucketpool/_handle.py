@@ -296,7 +296,8 @@ class BufferHandle:
             ValueError: lengths differ, or a byte count is negative.
             TypeError: an input is not integer.
         """
-        plan = _fill.plan_copies(self._buffer.arrays, first, sources, destinations, byte_counts)
+        # Planning reads the arrays' dtypes only: the checked `arrays` is for the write.
+        plan = _fill.plan_copies(self._buffer._arrays, first, sources, destinations, byte_counts)
         buffer = self._live("add_copies")
         return _fill.write_copies(buffer.arrays, buffer.n, plan)
 
@@ -327,7 +328,7 @@ class BufferHandle:
             TypeError: an input is not integer.
         """
         plan = _fill.plan_block_copies(
-            self._buffer.arrays, first, src_base, dst_base, src_blocks, dst_blocks,
+            self._buffer._arrays, first, src_base, dst_base, src_blocks, dst_blocks,
             block_bytes, total_bytes, coalesce,
         )  # fmt: skip
         buffer = self._live("add_block_copies")

@@ -30,6 +30,7 @@ class _Owner(Protocol):
 
     token: int
     n: int
+    _arrays: DescriptorArrays  # their dtypes, for planning (`arrays` checks the memory)
 
     @property
     def current(self) -> Views | None: ...
@@ -56,7 +57,7 @@ class ViewFills:
     ) -> int:
         """`DescriptorBuffers.add_copies`: read every input, check the hand-out, write."""
         token = self.token  # the hand-out the inputs are read for
-        plan = _fill.plan_copies(self.arrays, first, sources, destinations, byte_counts)
+        plan = _fill.plan_copies(self._arrays, first, sources, destinations, byte_counts)  # dtypes
         self.check_live(views, "add_copies", token)
         return _fill.write_copies(self.arrays, self.n, plan)
 
@@ -75,7 +76,7 @@ class ViewFills:
         """`DescriptorBuffers.add_block_copies`: read every input, check, write."""
         token = self.token
         plan = _fill.plan_block_copies(
-            self.arrays, first, src_base, dst_base, src_blocks, dst_blocks, block_bytes,
+            self._arrays, first, src_base, dst_base, src_blocks, dst_blocks, block_bytes,
             total_bytes, coalesce,
         )  # fmt: skip
         self.check_live(views, "add_block_copies", token)
