@@ -203,8 +203,8 @@ class Buffer(ViewFills):
         else:
             # Reuse the oldest set: three in-place resizes cost less than three new views.
             found = views.pop(next(iter(views)))
-            if self.own_sets and not self._matches(found):
-                found = self.cut(n)  # (checks) a holder changed it: not reused
+            if (self.own_sets and not self._matches(found)) or self._held_whole(found):
+                found = self.cut(n)  # changed by a holder, or a compat tuple's: not resized
             else:
                 try:
                     for view in (*found, *found.masters) if self.own_sets else found:
@@ -229,6 +229,10 @@ class Buffer(ViewFills):
         own = tuple.__new__(Views, found)
         own._buffer = self
         return own
+
+    def _held_whole(self, views: DescriptorBuffers) -> bool:
+        """Whether compat tuples hold these very tensors (`whole`): they must stay whole."""
+        return self.whole is not None and self.whole[0] is views[0]
 
     def _matches(self, views: Views) -> bool:
         """(checks) Whether *views* are still as cut: plain, and on memory that did not move.
@@ -331,15 +335,13 @@ class Buffer(ViewFills):
     def narrow(self, views: DescriptorBuffers, count: int) -> None:
         """Resize *views* (this hand-out's) to *count* entries in place, and re-key them."""
         in_step = self.base._version == self.version
-        if self.whole is not None and self.whole[0] is views[0]:
-            # A compat tuple holds these very tensors: uncounted, the next compat hand-out
-            # would get them shrunk; counted, it gets whole views again.
+        if self._held_whole(views):
+            # Uncounted, the next compat hand-out would get these tensors shrunk; counted,
+            # it gets whole views again.
             in_step, self.whole = False, None
         for view in views:
             view.resize_(count)
         if self.guard is None:
-            if in_step:
-                self.version = self.base._version  # our own change, not a holder's
             cached = self.views.get(self.n)
             if cached is not None and cached[0] is views[0]:  # the same tensors
                 del self.views[self.n]
@@ -347,9 +349,27 @@ class Buffer(ViewFills):
                     for master in cached.masters:
                         master.resize_(count)
                     views = cached
+                self._serve_instead(count, self.n)
             if not self.own_sets or views is cached:
                 self.views[count] = typing.cast("Views", views)
+            if in_step:
+                self.version = self.base._version  # our own changes, not a holder's
         self.n = count
+
+    def _serve_instead(self, count: int, n: int) -> None:
+        """Resize the set cached for *count*, if any, to serve *n*: a shrink's next acquire.
+
+        Else `narrow` would drop it, and the next ``acquire(n)`` cut a new set.
+        """
+        other = self.views.pop(count, None)
+        if other is None or self._held_whole(other) or (self.own_sets and not self._matches(other)):
+            return
+        try:
+            for view in (*other, *other.masters) if self.own_sets else other:
+                view.resize_(n)
+        except RuntimeError:  # a holder put it on memory that cannot grow: dropped
+            return
+        self.views[n] = other
 
     def field_arrays(self, n: int) -> DescriptorArrays:
         """Numpy arrays of the first *n* entries of each field, made for one caller."""

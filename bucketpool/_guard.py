@@ -143,15 +143,16 @@ def guarded_arrays(buffer: Buffer, n: int) -> DescriptorArrays:
 
 def _guard_array(array: np.ndarray[Any, Any], buffer: Buffer) -> Any:
     guarded = array.view(GuardedArray)
-    guarded._bp_guard = (buffer.handed, buffer.address, buffer.address + buffer.storage.nbytes())
+    low = buffer.storage.data_ptr()  # where the memory is now (share_memory_ moves it)
+    guarded._bp_guard = (buffer.handed, low, low + buffer.storage.nbytes())
     buffer.handed.append(guarded)
     return guarded
 
 
 def _guard_if_view(result: torch.Tensor, owner: _Owner) -> torch.Tensor:
     try:
-        with torch._C.DisableTorchFunctionSubclass():
-            shares = result.untyped_storage().data_ptr() == owner.buffer.address
+        with torch._C.DisableTorchFunctionSubclass():  # the buffer's storage, wherever it is
+            shares = result.untyped_storage()._cdata == owner.buffer.storage._cdata
     except (RuntimeError, NotImplementedError):  # sparse, meta, ...: not a view of ours
         return result
     if not shares:

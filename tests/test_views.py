@@ -18,8 +18,10 @@ from bucketpool import (
     DebugLevel,
     DescriptorBuffers,
     ReleaseError,
+    UseAfterReleaseError,
 )
 from bucketpool._buffer import VIEW_SETS, Buffer
+from bucketpool._types import Views
 from bucketpool.compat import DescriptorBufferPool
 
 # -- views ---------------------------------------------------------------------------------
@@ -194,6 +196,53 @@ def tamper_inside(pool: BucketPool, tamper: Callable[[torch.Tensor], object]) ->
         warnings.simplefilter("ignore", UserWarning)  # torch: "an output ... was resized"
         with contextlib.suppress(RuntimeError):  # the holder carries on after the error
             tamper(bufs.src_ptrs)
+
+
+@pytest.mark.parametrize("level", ["off", "checks"])
+def test_shrinking_each_step_cuts_no_new_views(
+    level: DebugLevel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `k = bufs.add_copies(...); bufs.shrink(k)` every step: the set for n stays cached.
+    pool = BucketPool(debug=level)
+    cuts: list[int] = []
+    cut = Buffer.cut
+
+    def counted(buffer: Buffer, n: int) -> Views:
+        cuts.append(n)
+        return cut(buffer, n)
+
+    monkeypatch.setattr(Buffer, "cut", counted)
+    for _ in range(50):
+        with pool.acquire(100) as bufs:
+            written = bufs.add_copies(0, range(60), range(60), 8)
+            assert bufs.shrink(written).sizes.tolist() == [8] * 60
+    assert len(cuts) <= 2  # the first two steps fill the cache: n, then k
+    assert_views_intact(pool, 100)
+
+
+def test_a_cache_full_of_other_n_never_resizes_the_compat_tuples_tensors() -> None:
+    compat = DescriptorBufferPool()
+    compat.release(compat.acquire(64))
+    for n in range(33, 64):  # 31 other n of the same buffer: the oldest sets are reused
+        with compat.pool.acquire(n):
+            pass
+    again = compat.acquire(64)
+    assert [len(tensor) for tensor in again] == [64, 64, 64]
+    compat.release(again)
+
+
+def test_strict_guards_views_cut_after_the_memory_moved(no_heap_scans: None) -> None:
+    pool = BucketPool(debug="strict")
+    handle = pool.acquire(N)
+    with handle as bufs:
+        bufs.src_ptrs.share_memory_()  # type: ignore[no-untyped-call]
+        kept = bufs.src_ptrs[:2]
+        kept_array = bufs.dst_ptrs.numpy()[:2]
+    with pytest.raises(UseAfterReleaseError):
+        kept.fill_(99)
+    with pytest.raises(ValueError, match="read-only"):
+        kept_array[:] = 99
+    assert_views_intact(pool)
 
 
 @pytest.mark.parametrize("tamper", COUNTED.values(), ids=COUNTED.keys())
