@@ -196,8 +196,13 @@ class _Adapter(typing.Generic[_Buffers]):
             # None yet, or the views may have changed (at the debug levels: always taken so):
             # views_for() repairs them, or, for a tuple made ahead, new ones are cut.
             capacity = buffer.bucket.capacity
+            views = buffer.views_for(capacity) if exclusive else buffer.cut(capacity)
+            if buffer.views.get(capacity) is views:
+                # The compat tuples' own from now on: a handle's shrink, or the cache
+                # resizing its oldest set, would otherwise resize them under later tuples.
+                del buffer.views[capacity]
             # An exact tuple: a tuple subclass is made from one without a copy in between.
-            whole = tuple(buffer.views_for(capacity) if exclusive else buffer.cut(capacity))
+            whole = tuple(views)
             if exclusive:
                 buffer.whole = whole
         if self._aliased:

@@ -348,6 +348,27 @@ def test_a_handle_that_shrinks_the_whole_views_leaves_compat_tuples_whole(
     compat.release(again)
 
 
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+def test_no_handle_ever_resizes_the_tensors_compat_tuples_hold(
+    level: DebugLevel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tensors of the adapter's next triple are its own: neither a handle's shrink nor
+    # the cache reusing its oldest set for another n resizes them, whatever repairs follow.
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", level)
+    compat = DescriptorBufferPool()
+    compat.release(compat.acquire(1024))
+    with compat.pool.acquire(1024) as views:
+        views.shrink(3)
+    with compat.pool.acquire(600) as views:
+        views.sizes.fill_(1)  # a plain write: counted, so the next acquire repairs
+    for n in range(513, 533):  # more n than the cache keeps: the oldest sets are reused
+        with compat.pool.acquire(n):
+            pass
+    again = compat.acquire(1024)
+    assert [len(tensor) for tensor in again] == [1024, 1024, 1024]
+    compat.release(again)
+
+
 def test_a_double_release_at_strict_says_released(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BUCKETPOOL_DEBUG", "strict")
     compat = DescriptorBufferPool()
