@@ -203,8 +203,8 @@ class Buffer(ViewFills):
         else:
             # Reuse the oldest set: three in-place resizes cost less than three new views.
             found = views.pop(next(iter(views)))
-            if (self.own_sets and not self._matches(found)) or self._held_whole(found):
-                found = self.cut(n)  # changed by a holder, or a compat tuple's: not resized
+            if self.own_sets and not self._matches(found):
+                found = self.cut(n)  # (checks) a holder changed it: not reused
             else:
                 try:
                     for view in (*found, *found.masters) if self.own_sets else found:
@@ -229,10 +229,6 @@ class Buffer(ViewFills):
         own = tuple.__new__(Views, found)
         own._buffer = self
         return own
-
-    def _held_whole(self, views: DescriptorBuffers) -> bool:
-        """Whether compat tuples hold these very tensors (`whole`): they must stay whole."""
-        return self.whole is not None and self.whole[0] is views[0]
 
     def _matches(self, views: Views) -> bool:
         """(checks) Whether *views* are still as cut: plain, and on memory that did not move.
@@ -335,10 +331,6 @@ class Buffer(ViewFills):
     def narrow(self, views: DescriptorBuffers, count: int) -> None:
         """Resize *views* (this hand-out's) to *count* entries in place, and re-key them."""
         in_step = self.base._version == self.version
-        if self._held_whole(views):
-            # Uncounted, the next compat hand-out would get these tensors shrunk; counted,
-            # it gets whole views again.
-            in_step, self.whole = False, None
         for view in views:
             view.resize_(count)
         if self.guard is None:
@@ -362,7 +354,7 @@ class Buffer(ViewFills):
         Else `narrow` would drop it, and the next ``acquire(n)`` cut a new set.
         """
         other = self.views.pop(count, None)
-        if other is None or self._held_whole(other) or (self.own_sets and not self._matches(other)):
+        if other is None or (self.own_sets and not self._matches(other)):
             return
         try:
             for view in (*other, *other.masters) if self.own_sets else other:

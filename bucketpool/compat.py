@@ -198,8 +198,10 @@ class _Adapter(typing.Generic[_Buffers]):
             capacity = buffer.bucket.capacity
             views = buffer.views_for(capacity) if exclusive else buffer.cut(capacity)
             if buffer.views.get(capacity) is views:
-                # The compat tuples' own from now on: a handle's shrink, or the cache
-                # resizing its oldest set, would otherwise resize them under later tuples.
+                # The compat tuples' own from now on, out of the handles' cache: a handle's
+                # shrink, or the cache resizing its oldest set, would resize them under the
+                # tuples made from them.  (At the debug levels every compat acquire makes
+                # its tuple anew, from views checked for that hand-out.)
                 del buffer.views[capacity]
             # An exact tuple: a tuple subclass is made from one without a copy in between.
             whole = tuple(views)
