@@ -47,6 +47,7 @@ __all__ = [
     "Entry",
     "GuardViews",
     "MakeHolder",
+    "new_tensor",
 ]
 
 #: View sets cached per buffer, one per recent n.  Chosen by measurement (see the
@@ -59,6 +60,19 @@ GuardViews = Callable[["Buffer", int, int], tuple[torch.Tensor, ...]]
 MakeHolder = Callable[["Buffer", bool], tuple[object, int]]
 
 _empty = torch.empty  # bound at import: a test that patches torch.empty does not reach us
+
+
+def new_tensor(size: int, dtype: torch.dtype, pin_memory: bool = False) -> torch.Tensor:
+    """A plain CPU tensor of *size* entries, whatever the host's ambient torch state.
+
+    vLLM acquires inside ``torch.inference_mode()``, where a new tensor would be an
+    inference tensor (no version counter, refused in place outside that mode), and model
+    code may set a default device: the buffer is made outside inference mode, on the CPU.
+    Views cut from it later, in any mode, are plain tensors too.
+    """
+    with torch.inference_mode(False):
+        return _empty(size, dtype=dtype, device="cpu", pin_memory=pin_memory)
+
 
 #: What a dropped holder's finaliser queues in place of pending events.
 LEAK: Final = "leak"
@@ -133,7 +147,7 @@ class Buffer(ViewFills):
         self.bucket = bucket
         capacity = bucket.capacity
         self.dtype = dtype
-        self.base = _empty(FIELDS * capacity, dtype=dtype, pin_memory=pin_memory)
+        self.base = new_tensor(FIELDS * capacity, dtype, pin_memory)
         self.storage = self.base.untyped_storage()
         self.address = self.base.data_ptr()
         self._arrays = _field_arrays(self.base, capacity)  # see `arrays`
@@ -311,7 +325,7 @@ class Buffer(ViewFills):
         kind = (type(base), base.dtype, base.is_neg(), base.is_conj())
         if kind != (torch.Tensor, self.dtype, False, False):
             # Views cut from it would be of another kind: a new tensor, and new views.
-            self.base = base = _empty(0, dtype=self.dtype).set_(self.storage, 0, (size,), (1,))
+            self.base = base = new_tensor(0, self.dtype).set_(self.storage, 0, (size,), (1,))
             self.views.clear()
         elif (
             base.untyped_storage()._cdata != self.storage._cdata  # not another on our memory

@@ -150,7 +150,7 @@ def _check_pin_memory(instance: object, attribute: attrs.Attribute[bool], value:
     _check_bool(instance, attribute, value)
     if value:
         try:
-            torch.empty(1, pin_memory=True)
+            torch.empty(1, device="cpu", pin_memory=True)
         except RuntimeError as error:
             raise RuntimeError(
                 "pin_memory=True needs an accelerator (CUDA, ROCm, XPU, ...) that can pin "

@@ -1,10 +1,11 @@
 """A host stand-in for what vLLM's EC CPU worker needs, to run the real worker without a GPU.
 
-Used by ``test_vllm_real.py`` when a vLLM wheel is importable (installed with ``--no-deps``
-or on ``PYTHONPATH``).  vLLM's own ``__init__`` files pull in most of its dependencies, so
-the packages on the way to the EC CPU connector are registered here as bare packages over
-the real directories (their ``__init__`` never runs), and the few modules the worker imports
-from elsewhere are small stand-ins:
+Used by ``test_vllm_real.py`` when a vLLM wheel can be found (installed with ``--no-deps``
+into ``.vllm/site`` or ``$BUCKETPOOL_VLLM_SITE``, or importable; see `vllm_locations`).
+vLLM's own ``__init__`` files pull in most of its dependencies, so the packages on the way
+to the EC CPU connector are registered here as bare packages over the real directories
+(their ``__init__`` never runs), and the few modules the worker imports from elsewhere are
+small stand-ins:
 
 - ``vllm._custom_ops.swap_blocks_batch`` queues a `bucketpool.testing.swap_blocks_batch`
   call on the `HostDevice`;
@@ -25,11 +26,14 @@ buffers reused too early change what it copies.
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import importlib.util
 import logging
+import os
 import sys
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +42,8 @@ import torch
 from bucketpool import testing
 
 __all__ = [
+    "DEFAULT_SITE",
+    "SITE_VARIABLE",
     "HostDevice",
     "HostEvent",
     "HostPlatform",
@@ -47,6 +53,11 @@ __all__ = [
 ]
 
 WORKER = "vllm.distributed.ec_transfer.ec_connector.cpu.worker"
+
+#: The environment variable naming a directory that holds the ``vllm`` package to test.
+SITE_VARIABLE = "BUCKETPOOL_VLLM_SITE"
+#: Where ``.ci/setup`` installs vLLM's wheel; where the tests look when the variable is unset.
+DEFAULT_SITE = Path(__file__).resolve().parent.parent / ".vllm" / "site"
 
 # Packages registered bare over the real directories: their __init__ imports half of vLLM.
 _BARE_PACKAGES = (
@@ -61,14 +72,26 @@ _device: HostDevice | None = None
 
 
 def vllm_locations() -> list[str] | None:
-    """Return the directories of the importable ``vllm`` package, or None without one.
+    """Return the directories of the ``vllm`` package to test against, or None without one.
 
-    Finding the package runs none of its code, so a wheel installed without its
-    dependencies is found too.
+    The package is looked for in the directory ``$BUCKETPOOL_VLLM_SITE`` names, by default
+    `DEFAULT_SITE` (a ``pip install --no-deps --target`` directory), and then on
+    ``sys.path``.  That directory is not put on ``sys.path``: only the stand-in's bare
+    packages reach it, so the rest of the suite sees no vLLM.  Finding the package runs
+    none of its code, so a wheel installed without its dependencies is found too.
+
+    Raises:
+        RuntimeError: ``$BUCKETPOOL_VLLM_SITE`` is set but holds no ``vllm`` package (a set
+            variable means the tests must run, so they fail rather than skip).
     """
-    spec = importlib.util.find_spec("vllm")
+    named = os.environ.get(SITE_VARIABLE, "")
+    spec = importlib.machinery.PathFinder.find_spec("vllm", [named or str(DEFAULT_SITE)])
     if spec is None or not spec.submodule_search_locations:
-        return None
+        if named:
+            raise RuntimeError(f"{SITE_VARIABLE}={named!r} holds no vllm package")
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            return None
     return list(spec.submodule_search_locations)
 
 
@@ -264,7 +287,7 @@ def install_standin(
     """
     locations = vllm_locations()
     if locations is None:
-        pytest.skip("vLLM is not importable (install a wheel with --no-deps)")
+        pytest.skip("no vLLM: run .ci/setup (see docs/development.md)")
     for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]:
         monkeypatch.delitem(sys.modules, name)
     platform = HostPlatform(cuda=cuda, xpu=xpu)
