@@ -41,7 +41,8 @@ _BOUND_STYLES: dict[Kind, typing.Literal["solid", "dashed"]] = {
 }
 _PARKED_FIGURES = (
     ("parked-[0-9]*", "parked/none parked", "parked / none"),
-    ("parked-stuck", "stuck/none stuck", "one stuck / none"),
+    ("evented", "evented/plain", "evented / plain"),
+    ("parked-stuck", "stuck/none stuck", "stuck / none"),
     ("debug", "checks/off", "debug checks / off"),
     ("debug", "strict/off", "debug strict / off"),
 )

@@ -24,7 +24,7 @@ import attrs
 import torch
 
 from bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
-from bucketpool import BucketPool, BufferHandle
+from bucketpool import BucketPool, BufferHandle, CompletionEvent
 from bucketpool.compat import DescriptorBufferPool
 
 __all__ = [
@@ -258,14 +258,16 @@ class NeverDone:
         return False
 
 
-def park(pool: BucketPool, n: int, count: int) -> None:
-    """Acquire *count* handles of *n* entries, record a `NeverDone` event on each, release.
+def park(
+    pool: BucketPool, n: int, count: int, event: Callable[[], CompletionEvent] = NeverDone
+) -> None:
+    """Acquire *count* handles of *n* entries, record a new *event()* on each, release.
 
-    The handles stay parked (pending) for the life of *pool*.
+    With `NeverDone` events, the handles stay parked (pending) for the life of *pool*.
     """
     handles = [pool.acquire(n) for _ in range(count)]
     for handle in handles:
-        handle.record_event(NeverDone())
+        handle.record_event(event())
         handle.release()
 
 

@@ -44,7 +44,7 @@ from bench._compat import CompatCase
 from bench._fills import FillsCase
 from bench._floor import FloorCase
 from bench._overhead import OverheadCase
-from bench._parked import ParkedCase, ParkedStuckCase
+from bench._parked import CollectCase, EventedCase, ParkedCase, ParkedStuckCase
 from bench._sites import SiteCostCase
 from bench._stats import RESOLUTION, Measurement
 from bench._targets import TARGETS, Check, TargetSpec, check_targets
@@ -86,6 +86,8 @@ class Settings:
         thread_ops: ops per thread per threaded run: long enough that the locked original's
             throughput (lock convoys come and go) varies little between rounds.
         parked: handles parked in the ``parked-N`` case.
+        stuck: buffers stuck parked in ``parked-stuck``, and parked in ``collect`` (which
+            also times 1% of that).
         min_pass_ns: a fill batch or debug-level pass lasts at least this long.
         quick: whether ``--quick`` chose the defaults.
         seed: seeds the traces, the fill inputs and the bootstrap.
@@ -98,6 +100,7 @@ class Settings:
     ops: int = DEFAULT_OPS
     thread_ops: int = 3_000
     parked: int = 10_000
+    stuck: int = 100_000
     min_pass_ns: int = 5_000_000
     quick: bool = False
     seed: int = 0
@@ -139,13 +142,18 @@ class Settings:
 def build_cases(settings: Settings, traces: Sequence[Trace], kinds: Iterable[str]) -> list[Case]:
     """Return the cases of a run: one per trace, then those of the named *kinds*.
 
-    The kinds are those of `CASE_KINDS`; ``parked`` and ``threads`` name two cases each.
+    The kinds are those of `CASE_KINDS`; ``parked`` names four cases, ``threads`` two.
     """
     chosen = set(kinds)
     cases: list[Case] = [TraceCase(trace) for trace in traces]
     ops, min_pass_ns = settings.ops, settings.min_pass_ns
     makers: dict[str, Callable[[], Sequence[Case]]] = {
-        "parked": lambda: (ParkedCase(ops, settings.parked), ParkedStuckCase(ops)),
+        "parked": lambda: (
+            ParkedCase(ops, settings.parked),
+            EventedCase(ops),
+            ParkedStuckCase(ops, settings.stuck),
+            CollectCase(settings.stuck),
+        ),
         "threads": lambda: (ThreadsCase(settings.thread_ops), SwitchCase(settings.thread_ops)),
         "debug": lambda: (DebugCase(min_pass_ns, ops),),
         "fills": lambda: (FillsCase(min_pass_ns, settings.seed),),

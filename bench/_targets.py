@@ -84,6 +84,8 @@ def _goal(cases: tuple[str, ...], figure: str, op: Op, limit: float, why: str) -
 
 
 _OURS = "bucketpool/original"
+_COLLECT_PENDING = "pending: per-buffer cost, 100x parked / 1x"
+_COLLECT_DONE = "done: per-buffer cost, 100x parked / 1x"
 #: What the README claims; ``--check`` fails when one FAILs.
 PROMISES: tuple[TargetSpec, ...] = (
     _promise(
@@ -99,7 +101,8 @@ PROMISES: tuple[TargetSpec, ...] = (
         _TRACES, "bucketpool peak bytes / (2 x peak live + cache cap)", "<=", 1.0, "peak bounded"
     ),
     _promise(("parked-*",), "parked/none parked", "<=", 1.2, "parked handles cost nothing"),
-    _promise(("parked-stuck",), "stuck/none stuck", "<=", 1.2, "a stuck event costs nothing"),
+    _promise(("evented",), "evented/plain", "<=", 2.0, "recording an event is cheap"),
+    _promise(("parked-stuck",), "stuck/none stuck", "<=", 1.2, "stuck events cost nothing"),
     _promise(
         ("parked-stuck",),
         "stuck allocations after warm-up",
@@ -107,6 +110,8 @@ PROMISES: tuple[TargetSpec, ...] = (
         0,
         "a stuck event holds back its own buffer only",
     ),
+    _promise(("collect",), _COLLECT_PENDING, "<=", 1.5, "collect() flat per parked buffer"),
+    _promise(("collect",), _COLLECT_DONE, "<=", 1.5, "collect() flat per retired buffer"),
     _promise(("fills",), "setitem/add_copies", ">=", 100, "fills beat per-element writes"),
     _promise(_TRACES, "compat refusals", "<=", 0, "compat accepts the original's calls"),
     _promise(("compat",), "refused calls", "<=", 0, "compat accepts the original's calls"),
@@ -131,6 +136,7 @@ GOALS: tuple[TargetSpec, ...] = (
         10,
         "fast switching: tail latency",
     ),
+    _goal(("evented",), "evented/original by hand", "<=", 1.0, "events beat polling by hand"),
     _goal(("debug",), "checks/off", "<=", 3.0, "debug='checks' affordable"),
     _goal(("fills",), "add_copies/numpy", "<=", 3, "add_copies near numpy"),
     _goal(("fills",), "add_block_copies-consecutive/add_copies", "<=", 5, "block fill"),

@@ -28,7 +28,14 @@ def run_case(case: Case, rounds: int = 2) -> dict[str, Measurement]:
 def tiny_run() -> BenchResult:
     """A whole benchmark run at toy sizes (three traces and every other case kind)."""
     settings = Settings(
-        rounds=2, max_rounds=2, budget_s=0, ops=40, thread_ops=5, parked=20, min_pass_ns=10_000
+        rounds=2,
+        max_rounds=2,
+        budget_s=0,
+        ops=40,
+        thread_ops=5,
+        parked=20,
+        stuck=200,
+        min_pass_ns=10_000,
     )
     traces = [t for t in builtin_traces(40) if t.name in ("repeated-64", "normal-64", "spike")]
     return run_benchmark(settings, build_cases(settings, traces, CASE_KINDS))

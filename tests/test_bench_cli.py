@@ -125,7 +125,8 @@ def test_case_selection(capsys: pytest.CaptureFixture[str]) -> None:
 def test_families_select_their_cases() -> None:
     settings = runner.Settings(ops=10, thread_ops=2, parked=3)
     names = [case.name for case in runner.build_cases(settings, (), ["parked", "threads"])]
-    assert names == ["parked-3", "parked-stuck", "threads-8", "threads-8-switch"]
+    parked = ["parked-3", "evented", "parked-stuck", "collect"]
+    assert names == [*parked, "threads-8", "threads-8-switch"]
     for kind in ("leak-site", "compat"):
         assert [case.name for case in runner.build_cases(settings, (), [kind])] == [kind]
 

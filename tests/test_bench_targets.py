@@ -17,6 +17,8 @@ CASES = [
     "replay:x.trace",
     "parked-10000",
     "parked-stuck",
+    "evented",
+    "collect",
     "threads-8",
     "threads-8-switch",
     "debug",
@@ -96,6 +98,12 @@ def test_the_new_cases_promises_and_goals() -> None:
     assert specs_for("parked-stuck", "stuck/none stuck", "promise")[0].limit == 1.2
     assert specs_for("parked-stuck", "stuck allocations after warm-up", "promise")[0].limit == 0
     assert specs_for("parked-10000", "parked/none parked", "promise")[0].limit == 1.2
+    assert specs_for("evented", "evented/plain", "promise")[0].limit == 2.0
+    (by_hand,) = specs_for("evented", "evented/original by hand", "goal")
+    assert (by_hand.op, by_hand.limit) == ("<=", 1.0)
+    for state in ("pending", "done"):
+        figure = f"{state}: per-buffer cost, 100x parked / 1x"
+        assert specs_for("collect", figure, "promise")[0].limit == 1.5
     (throughput,) = specs_for("threads-8-switch", "throughput at 100us / at default", "goal")
     assert (throughput.op, throughput.limit) == (">=", 0.80)
     figure = "p99 op latency at 100us / single-thread median op"
