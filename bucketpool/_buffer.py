@@ -42,6 +42,7 @@ __all__ = [
     "HELD",
     "LEAK",
     "VIEW_SETS",
+    "VIEW_SET_BYTES",
     "Bucket",
     "Buffer",
     "Entry",
@@ -50,6 +51,9 @@ __all__ = [
     "new_tensor",
 ]
 
+#: Bytes one cached view set costs (three tensors and their tuple), as measured on
+#: torch 2.13: what a buffer's views count against ``max_cached_bytes``.
+VIEW_SET_BYTES = 2048
 #: View sets cached per buffer, one per recent n.  Chosen by measurement (see the
 #: benchmark's log-uniform traces; the trade is in docs/design.md, "The view cache").
 VIEW_SETS = 16
@@ -78,7 +82,8 @@ def new_tensor(size: int, dtype: torch.dtype, pin_memory: bool = False) -> torch
 LEAK: Final = "leak"
 #: An entry of a bucket's inbox: the buffer, the token of the hand-out (minus it for a
 #: parked buffer whose events are done), and None, the events still pending, or `LEAK`.
-Entry = tuple["Buffer", int, "list[CompletionEvent] | str | None"]
+#: Last, the bytes of the views it keeps (`Buffer.views_cost`).
+Entry = tuple["Buffer", int, "list[CompletionEvent] | str | None", int]
 #: The compat tuples out: ``id()`` of the tuple -> (its buffer, the hand-out's token).  A
 #: tuple holds its buffer while its entry is here: `Ledger.serve` puts it in; the tuple's
 #: release or finaliser takes it out with one ``dict.pop``, so that of two releases of one
@@ -132,6 +137,7 @@ class Buffer(ViewFills):
         "storage",
         "token",
         "version",
+        "view_bytes",
         "views",
         "whole",
     )
@@ -152,6 +158,7 @@ class Buffer(ViewFills):
         self.address = self.base.data_ptr()
         self._arrays = _field_arrays(self.base, capacity)  # see `arrays`
         self.views: dict[int, Views] = {}
+        self.view_bytes = 0  # what the views counted against the cap when it went idle
         # At debug level strict every hand-out gets guarded views of its own, made by
         # *guard* (`bucketpool._guard.guarded_views`): an impossible version sends every
         # hand-out past the cache.
@@ -377,15 +384,29 @@ class Buffer(ViewFills):
             return
         self.views[n] = other
 
+    def views_cost(self) -> int:
+        """(the holder, as its hand-out ends) The bytes of the views the buffer keeps.
+
+        The move that takes the buffer back stores it as `view_bytes`, for the byte cap.
+        """
+        return (len(self.views) + (self.whole is not None)) * VIEW_SET_BYTES
+
     def field_arrays(self, n: int) -> DescriptorArrays:
         """Numpy arrays of the first *n* entries of each field, made for one caller."""
         src, dst, sizes = self.arrays
         return (src[:n], dst[:n], sizes[:n])
 
     def scrap(self) -> None:
-        """(freed, outside the lock) Drop what refers back to the buffer, so it goes at once."""
+        """(freed, outside the lock) Let go of the memory and views, so they go at once.
+
+        A released handle may keep this record: it then keeps no memory.  What a stale
+        reader finds instead is an empty tensor, never the freed memory.
+        """
         self.views = {}
         self.current = self.whole = self.next_holder = None
+        self.base = base = new_tensor(0, self.dtype)
+        self.storage = base.untyped_storage()
+        self._arrays = _field_arrays(base, 0)
 
 
 def _field_arrays(base: torch.Tensor, capacity: int) -> DescriptorArrays:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 from bucketpool import _fill, _guard, _parking, _verify
 from bucketpool._buckets import as_index
 from bucketpool._errors import ReleaseError
+from bucketpool._inbox import take_back, warn
 from bucketpool._ledger import LEAK
-from bucketpool._lock import inside
+from bucketpool._lock import LATE, inside, owned
 from bucketpool._types import CompletionEvent, DescriptorArrays, DescriptorBuffers, IntegerInput
 
 if TYPE_CHECKING:
@@ -62,8 +63,12 @@ class BufferHandle:
             return
         buffer = self._buffer
         if buffer.token == token:  # dropped while it held the buffer
-            buffer.bucket.inbox.append((buffer, token, LEAK))  # from here on the pool has it
-            if not inside():  # never wait for the lock from inside it
+            buffer.bucket.inbox.append(
+                (buffer, token, LEAK, buffer.views_cost())
+            )  # from here on the pool has it
+            if inside():  # never wait for the lock from inside it: the move's caller drains
+                LATE.append(self._pool)
+            else:
                 self._pool._drain()
 
     # -- what the holder sees ------------------------------------------------------------
@@ -141,10 +146,11 @@ class BufferHandle:
         """Release the handle, also when the block raised (the exception propagates).
 
         The handle's one release path: its events are asked (``query()``, user code), then
-        the buffer is queued in its bucket's inbox, which ends the hand-out
-        (``released`` is True) and is never a wait; the next operation takes it back (at
-        the debug levels, this call does).  A block's exception keeps precedence: what
-        went wrong in the release is noted on it.
+        the pool takes the buffer back before this returns: parked if an event is pending,
+        else cached, or freed if the caps do not keep it.  (From a finaliser or signal
+        handler that interrupted this thread inside the pool, the buffer is queued instead,
+        and taken back as soon as that thread leaves the pool.)  A block's exception keeps
+        precedence: what went wrong in the release is noted on it.
 
         Raises:
             ReleaseError: the block released the handle itself and did not raise.
@@ -168,9 +174,10 @@ class BufferHandle:
                     pending = [event for event in asked if not event.query()]
                 except BaseException as caught:  # user code: the buffer stays parked; theirs
                     pending, error = list(events), caught
-                else:  # what a query() recorded meanwhile is pending too, unasked
-                    seen = {id(event) for event in asked}
-                    pending += [event for event in events if id(event) not in seen]
+                else:
+                    if events and events[-1] is not asked[-1]:  # a query() recorded more:
+                        seen = {id(event) for event in asked}  # pending too, unasked
+                        pending += [event for event in events if id(event) not in seen]
                 pending = pending or None
                 if self._token != token or buffer.token != token:  # a query() released it
                     if error is not None:
@@ -186,16 +193,30 @@ class BufferHandle:
                 buffer.released_at = _verify.site(pool._full_stack)
             # The hand-out's events and views are cleared by the move that takes the buffer
             # back, under the token check, so a late second release of this handle from another
-            # thread cannot clear the next hand-out's.  From the token store to the append no
-            # signal handler can run.
-            self._token = 0
-            try:
-                buffer.bucket.inbox.append((buffer, token, pending))
-            except (RecursionError, MemoryError):  # not appended: the handle still holds it
-                self._token = token
-                raise
-            if watching and pool._level:
-                pool._drain(buffer.bucket)  # at once: stale views fail, and the poison is in place
+            # thread cannot clear the next hand-out's.
+            views = buffer.views_cost()
+            if owned():  # a finaliser or handler that interrupted a move: queued, not waited
+                self._token = 0  # from here to the append no signal handler can run
+                try:
+                    buffer.bucket.inbox.append((buffer, token, pending, views))
+                except (RecursionError, MemoryError):  # not appended: the handle still holds it
+                    self._token = token
+                    raise
+                LATE.append(pool)
+            elif pool._ledger.give_back(buffer, token, pending, views):
+                self._token = 0  # cached or parked: the common case, in one move
+            else:
+                # Taken back at once (parked, cached or freed: a cap frees it before this
+                # returns), then the handle lets go: a signal between the two finds the
+                # hand-out over all the same (the buffer's token moved on).
+                problems: list[str] = []
+                entry = (buffer, token, pending, views)
+                taken = take_back(pool._ledger, buffer.bucket, pool._reported, problems, entry)
+                self._token = 0
+                if not taken:  # another thread released this handle meanwhile
+                    raise ReleaseError(self._released_message("release"))
+                for problem in problems:
+                    warn(problem, RuntimeWarning)
             if error is not None:
                 if exc is None or not isinstance(error, Exception):
                     raise error

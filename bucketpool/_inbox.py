@@ -13,12 +13,12 @@ import contextlib
 import warnings
 
 from bucketpool import _verify
-from bucketpool._buffer import Bucket
+from bucketpool._buffer import Bucket, Entry
 from bucketpool._errors import LeakWarning
 from bucketpool._ledger import Leak, Ledger
 from bucketpool._policy import trim_to
 
-__all__ = ["drain", "warn"]
+__all__ = ["drain", "take_back", "warn"]
 
 
 def drain(ledger: Ledger, reported: set[object], only: Bucket | None = None) -> list[str]:
@@ -30,22 +30,38 @@ def drain(ledger: Ledger, reported: set[object], only: Bucket | None = None) -> 
     problems: list[str] = []
     for bucket in ledger.buckets if only is None else (only,):
         while bucket.inbox:
-            buffer, outcome, leak, problem = ledger.settle(bucket)
-            if outcome == "crowded" and buffer is not None:
-                # Room first, in other buckets, least recently used first: the cache never
-                # shows more than the cap, not even for a moment.
-                room = ledger.max_cached_bytes - ledger.parked_bytes - bucket.nbytes
-                trim_to(ledger, room, keep=bucket)
-                buffer, outcome, leak, problem = ledger.settle(bucket, force=True)
-            if buffer is None:
-                continue
-            if outcome == "freed":
-                buffer.scrap()
-            if leak is not None:
-                _report_leak(leak, reported)
-            if problem is not None:
-                problems.append(problem)
+            take_back(ledger, bucket, reported, problems)
     return problems
+
+
+def take_back(
+    ledger: Ledger,
+    bucket: Bucket,
+    reported: set[object],
+    problems: list[str],
+    entry: Entry | None = None,
+) -> bool:
+    """Take back *entry* (else the oldest of *bucket*'s inbox): park, cache or free it.
+
+    Appends the in-flight problem found, if any, to *problems*.  Returns False, having
+    moved nothing, if *entry*'s hand-out was over already.
+    """
+    buffer, outcome, leak, problem = ledger.settle(bucket, entry=entry)
+    if outcome == "crowded" and buffer is not None:
+        # Room first, in other buckets, least recently used first: the cache never shows
+        # more than the cap, not even for a moment.
+        room = ledger.max_cached_bytes - ledger.parked_bytes - bucket.nbytes
+        trim_to(ledger, room, keep=bucket)
+        buffer, outcome, leak, problem = ledger.settle(bucket, force=True, entry=entry)
+    if buffer is None:
+        return False
+    if outcome == "freed":
+        buffer.scrap()
+    if leak is not None:
+        _report_leak(leak, reported)
+    if problem is not None:
+        problems.append(problem)
+    return True
 
 
 def _report_leak(leak: Leak, reported: set[object]) -> None:

@@ -9,14 +9,15 @@ A buffer is, at every moment, in exactly one place, and its ``token`` says which
   its bucket's inbox, appended to without the lock (deque appends are thread-safe), so
   that a release never waits, also from a finaliser or a collected ``with`` block;
 * **parked** (minus the hand-out's token) -- taken back while a recorded event was
-  pending; it returns through the inbox once every event reports done;
+  pending, with a *record* in the parking queues (see `Parking`); it returns through the
+  inbox once every event reports done, by the one move that clears that record;
 * **freed** -- dropped by a cap, a trim or idle trimming; its memory goes back at once.
 
 Every change of place is a *move*: one method below, one locked section of straight-line
 code that calls nothing (the rule is in `bucketpool._lock`; `tests/test_lock_rule.py`
 checks it), so that a signal handler's exception lands before a move or after it:
 `serve` (returning or cached -> held; new -> held or cached), `settle` (returning ->
-cached, parked or freed), `uncache` (cached -> freed), `step_parked` (parked ->
+cached, parked or freed), `uncache` (cached -> freed), `retire` (parked ->
 returning), `attach_holder` (a cached buffer gets its next compat tuple) and `end_held`
 (held by a compat tuple -> returning).
 
@@ -28,15 +29,17 @@ misses; cached bytes are allocated less active less parked bytes); peaks are exa
 from __future__ import annotations
 
 import collections
+import typing
 from collections.abc import Callable
 from typing import Final
 
-from bucketpool._buffer import HELD, LEAK, Bucket, Buffer
+from bucketpool._buffer import HELD, LEAK, Bucket, Buffer, Entry
 from bucketpool._lock import LOCK
 from bucketpool._types import CompletionEvent
 
 __all__ = [
     "CACHE",
+    "DROPPED",
     "EMPTY",
     "HELD",
     "LEAK",
@@ -46,6 +49,7 @@ __all__ = [
     "TOTALS",
     "Leak",
     "Ledger",
+    "Parking",
     "Settled",
 ]
 
@@ -59,13 +63,15 @@ NEEDS_HOLDER: Final = 3
 SWEEP: Final = 4
 #: `serve`'s holder for a new buffer that is to be cached, not handed out (`reserve`).
 CACHE: Final = "cache"
+#: `young_front` and `old_front` dropped or moved a record: ask again.
+DROPPED: Final = "dropped"
 
 #: The ledger's totals, in the order `Ledger.snapshot` copies them.
 TOTALS = (
     *("active", "active_peak", "active_bytes", "active_bytes_peak"),
     *("allocations", "allocations_peak", "allocated_bytes", "allocated_bytes_peak"),
     *("allocations_total", "allocated_bytes_total", "parked_bytes", "requested", "leaks"),
-    "tick",
+    *("tick", "view_bytes"),
 )
 #: A leak, as `settle` saw it: the hand-out's n, the acquire's code object and
 #: instruction, and its traced site (or None).
@@ -74,6 +80,12 @@ Leak = tuple[int, object, int, object]
 #: what it did, the leak it took back or None, the verification's problem or None).
 Settled = tuple["Buffer | None", str, "Leak | None", "str | None"]
 _NOTHING: Final = (None, "nothing", None, None)
+#: One parking of a buffer: ``[buffer, events, tick]`` -- the buffer, its pending events,
+#: the ledger's tick when it parked.  The `retire` move clears the buffer and the events
+#: (under the lock, once): a cleared record is spent, and whoever held a copy of it, a
+#: poll that asked its events, say, can move nothing with it.  So a buffer is never
+#: retired on an answer about an earlier parking: that parking's record is spent.
+Parking = list[typing.Any]
 
 
 class Ledger:
@@ -82,9 +94,9 @@ class Ledger:
     # A plain __slots__ class: attrs' hooks would cost time on every move.
     __slots__ = (
         *TOTALS,  # the counters, then the records and the settings
-        *("allocated", "buckets", "cached", "cursor", "max_cached_bytes", "misses"),
-        *("max_cached_per_bucket", "next_sweep", "parked", "parked_queue", "plain"),
-        *("registry", "sweep_every", "takes", "verify"),
+        *("allocated", "buckets", "cached", "max_cached_bytes", "misses", "old"),
+        *("max_cached_per_bucket", "next_sweep", "old_changes", "parked", "plain"),
+        *("registry", "sweep_every", "takes", "verify", "young"),
     )
 
     def __init__(
@@ -98,9 +110,12 @@ class Ledger:
         count = max_capacity.bit_length()
         self.buckets = [Bucket(k, 1 << k) for k in range(count)]
         self.registry: dict[Buffer, None] = {}  # every buffer not freed (outstanding())
-        #: Parked buffers in the order they parked (see `bucketpool._parking`).
-        self.parked_queue: collections.deque[Buffer] = collections.deque()
-        self.cursor = 0  # where the next poll goes on asking, after the front (a hint)
+        #: The parking records (see `bucketpool._parking`): the recent ones in the order
+        #: they parked, and those still parked long after, asked in turn.  Both may hold
+        #: spent records, dropped when they come to the front.
+        self.young: collections.deque[Parking] = collections.deque()
+        self.old: collections.deque[Parking] = collections.deque()
+        self.old_changes = 0  # moves that changed `old` (`compact_old` needs none since)
         self.max_cached_bytes = max_cached_bytes
         self.max_cached_per_bucket = max_cached_per_bucket
         self.sweep_every = sweep_every
@@ -118,6 +133,10 @@ class Ledger:
         self.allocated_bytes = self.allocated_bytes_peak = 0
         self.allocations_total = self.allocated_bytes_total = 0  # freed: these less current
         self.parked_bytes = self.requested = self.leaks = 0
+        #: Bytes of the view sets that idle (cached and parked) buffers keep: they count
+        #: against the byte cap as the buffers do.  Each buffer's share is its
+        #: ``view_bytes``, set by its last holder when the hand-out ended.
+        self.view_bytes = 0
 
     # -- the moves ----------------------------------------------------------------------------
 
@@ -129,23 +148,41 @@ class Ledger:
         code: object,
         lasti: int,
         fresh: Buffer | None = None,
+        parked: Parking | None = None,
+        index: int = 0,
     ) -> object:
         """Hand a buffer of *bucket* to *holder* (a `BufferHandle`, or None for compat).
 
         The oldest plain return in the bucket's inbox, else the newest cached, else
-        *fresh* (counted here; cached if *holder* is `CACHE` and the caps keep it).  Returns
-        the holder (compat: the tuple kept with the buffer), `SWEEP` when the idle sweep is
+        *fresh* (counted here; cached if *holder* is `CACHE` and the caps keep it), else
+        the buffer of the record *parked* (its events done, found at *index* of the young
+        queue; a handle's, at ``"off"``: spent here, as `retire` would).  Returns the
+        holder (compat: the tuple kept with the buffer), `SWEEP` when the idle sweep is
         due, or, having moved nothing, `SETTLE`, `EMPTY` or `NEEDS_HOLDER`.
         """
         k = bucket.index
         with LOCK:
-            recycled = False
-            if fresh is not None:
+            if parked is not None:
+                buffer = parked[0]
+                if buffer is None or buffer.bucket is not bucket or not self.plain:
+                    return EMPTY  # spent by another thread since (or not ours to take)
+                parked[0] = parked[1] = None
+                try:
+                    if self.young[index] is parked:
+                        del self.young[index]
+                except IndexError:  # the queue moved on meanwhile: dropped at the front
+                    pass
+                self.parked[k] -= 1
+                self.parked_bytes -= bucket.nbytes
+                self.view_bytes -= buffer.view_bytes
+                buffer.events = buffer.current = None
+            elif fresh is not None:
                 buffer = fresh
                 nbytes = bucket.nbytes
                 if holder is CACHE and (
                     self.cached[k] >= self.max_cached_per_bucket
-                    or self.allocated_bytes - self.active_bytes + nbytes > self.max_cached_bytes
+                    or self.allocated_bytes - self.active_bytes + nbytes + self.view_bytes
+                    > self.max_cached_bytes
                 ):
                     return EMPTY  # a reservation the caps no longer keep (threads raced)
                 self.registry[buffer] = None
@@ -165,20 +202,7 @@ class Ledger:
                     return CACHE
                 self.misses[k] += 1
             elif bucket.inbox:
-                inbox = bucket.inbox
-                entry = inbox[0]
-                buffer, token, state = entry
-                if (
-                    state is not None
-                    or token <= 0  # a parked buffer retiring: settle counts it out
-                    or buffer.token != token
-                    or not self.plain
-                    or (holder is None and buffer.next_holder is None)
-                ):
-                    return SETTLE
-                del inbox[0]
-                recycled = True  # its release and this hand-out cancel out in the counts
-                buffer.events = buffer.current = None  # the last hand-out's (events all done)
+                return SETTLE  # what waits there first: it may be this bucket's only buffer
             else:
                 free = bucket.free
                 if not free:
@@ -188,13 +212,13 @@ class Ledger:
                     return NEEDS_HOLDER
                 del free[-1]
                 self.cached[k] -= 1
-            if not recycled:
-                self.active = active = self.active + 1
-                if active > self.active_peak:
-                    self.active_peak = active
-                self.active_bytes = live = self.active_bytes + bucket.nbytes
-                if live > self.active_bytes_peak:
-                    self.active_bytes_peak = live
+                self.view_bytes -= buffer.view_bytes
+            self.active = active = self.active + 1
+            if active > self.active_peak:
+                self.active_peak = active
+            self.active_bytes = live = self.active_bytes + bucket.nbytes
+            if live > self.active_bytes_peak:
+                self.active_bytes_peak = live
             self.tick = token = self.tick + 1
             bucket.last_tick = token
             self.takes[k] += 1
@@ -215,8 +239,47 @@ class Ledger:
                 return SWEEP
             return holder
 
-    def settle(self, bucket: Bucket, force: bool = False) -> Settled:
-        """Take back the oldest entry of *bucket*'s inbox: park, cache or free the buffer.
+    def give_back(
+        self, buffer: Buffer, token: int, pending: list[CompletionEvent] | None, cost: int
+    ) -> bool:
+        """Held -> cached, or parked on *pending*: a release at ``"off"`` that the caps keep.
+
+        Returns False, having moved nothing, where `settle` has more to do: a cap that
+        does not keep the buffer, a debug level, a hand-out over already.
+        """
+        bucket = buffer.bucket
+        k = bucket.index
+        with LOCK:
+            nbytes = bucket.nbytes
+            active_bytes = self.active_bytes - nbytes
+            if (
+                buffer.token != token
+                or not self.plain
+                or self.cached[k] >= self.max_cached_per_bucket
+                or self.allocated_bytes - active_bytes + self.view_bytes + cost
+                > self.max_cached_bytes
+            ):
+                return False
+            self.active -= 1
+            self.active_bytes = active_bytes
+            buffer.view_bytes = cost  # its views' bytes (*cost*), counted while it is idle
+            self.view_bytes += cost
+            buffer.current = None
+            if pending:
+                buffer.token = -token
+                buffer.events = pending
+                self.young += ([buffer, pending, self.tick],)
+                self.parked[k] += 1
+                self.parked_bytes += nbytes
+            else:
+                buffer.token = 0
+                buffer.events = None
+                bucket.free += (buffer,)
+                self.cached[k] += 1
+            return True
+
+    def settle(self, bucket: Bucket, force: bool = False, entry: Entry | None = None) -> Settled:
+        """Take back *entry*, else the oldest of *bucket*'s inbox: park, cache or free it.
 
         Events pending: parked.  Else cached if the caps keep it (parked bytes count), else
         freed.  The debug levels' `verify` runs first, before anything moves.  If caching
@@ -224,29 +287,37 @@ class Ledger:
         makes room elsewhere and calls again with *force*, which frees it if there is
         still none.  Returns the buffer, the outcome (``"parked"``, ``"cached"``,
         ``"freed"``, ``"crowded"``, ``"nothing"``), the leak taken back, the problem.
+        An *entry* whose hand-out is over already moves nothing (``"nothing"``).
         """
         k = bucket.index
         with LOCK:
             inbox = bucket.inbox
-            if not inbox:
-                return _NOTHING
-            buffer, token, state = inbox[0]
+            if entry is None:
+                if not inbox:
+                    return _NOTHING
+                queued = inbox[0]
+            else:
+                queued = entry
+            buffer, token, state, cost = queued
             if buffer.token != token:
-                del inbox[0]
+                if entry is None:
+                    del inbox[0]
                 return _NOTHING
             leaked = state is LEAK
             events = None if token < 0 else buffer.events if leaked else state
             nbytes = bucket.nbytes
             parked = self.parked_bytes - nbytes if token < 0 else self.parked_bytes
+            # The view sets of every idle buffer, this one's included (a parked one's are).
+            views = self.view_bytes + cost if token > 0 else self.view_bytes
             cached = self.cached[k]
             keep = (
                 not events
                 and cached < self.max_cached_per_bucket
-                and parked + (cached + 1) * nbytes <= self.max_cached_bytes
+                and parked + (cached + 1) * nbytes + views <= self.max_cached_bytes
             )
             if keep and (
                 self.allocated_bytes - self.active_bytes - self.parked_bytes + nbytes + parked
-                > self.max_cached_bytes
+                > self.max_cached_bytes - views
             ):
                 if not force:
                     return (buffer, "crowded", None, None)
@@ -254,7 +325,8 @@ class Ledger:
             problem = None
             if self.verify is not None:
                 problem = self.verify(buffer, token, not events)
-            del inbox[0]
+            if entry is None:
+                del inbox[0]
             leak = None
             if token > 0:  # a hand-out ends (a dropped holder's views, too)
                 buffer.current = None
@@ -269,7 +341,7 @@ class Ledger:
             if events:
                 buffer.token = -token
                 buffer.events = events  # type: ignore[assignment]
-                self.parked_queue += (buffer,)
+                self.young += ([buffer, events, self.tick],)
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
                 outcome = "parked"
@@ -286,6 +358,10 @@ class Ledger:
                 self.allocations -= 1
                 self.allocated_bytes -= nbytes
                 outcome = "freed"
+                views -= cost if token > 0 else buffer.view_bytes
+            if token > 0:
+                buffer.view_bytes = cost
+            self.view_bytes = views
         return (buffer, outcome, leak, problem)
 
     def uncache(self, bucket: Bucket, newest: bool, limit: int | None) -> Buffer | None:
@@ -301,32 +377,116 @@ class Ledger:
             cached_bytes = self.allocated_bytes - self.active_bytes - self.parked_bytes
             if limit is None:
                 limit = self.max_cached_bytes - self.parked_bytes
-            if cached_bytes <= limit:
+            if cached_bytes + self.view_bytes <= limit:
                 return None
             free = bucket.free
             end = -1 if newest else 0
             buffer = free[end]
             del free[end]
             self.cached[k] -= 1
+            self.view_bytes -= buffer.view_bytes
             del self.registry[buffer]
             self.allocated[k] -= 1
             self.allocations -= 1
             self.allocated_bytes -= bucket.nbytes
         return buffer
 
-    def step_parked(self, buffer: Buffer, index: int, done: bool) -> bool:
-        """Move *buffer*, parked at *index*, to its bucket's inbox if *done*.
+    def retire(self, record: Parking, index: int = 0) -> Bucket | None:
+        """Parked -> returning: queue *record*'s buffer, its events done, in its inbox.
 
-        Returns whether it is still at *index* (False: another thread moved the queue on
-        first, and nothing moved).  Raises `IndexError` past the queue's end.
+        Spends the record, and drops it from the young queue if it is at *index* there
+        (a poll's index, near the front, so the drop is cheap; a spent record is dropped
+        too).  Returns the buffer's bucket, or None, having moved nothing else, if the
+        record was spent already (another thread retired the buffer first).
         """
         with LOCK:
-            queue = self.parked_queue
-            if queue[index] is not buffer or buffer.token >= 0:
+            buffer: Buffer | None = record[0]
+            young = self.young
+            if buffer is None:  # spent: dropped from *index* all the same
+                try:
+                    if young[index] is record:
+                        del young[index]
+                except IndexError:
+                    pass
+                return None
+            record[0] = record[1] = None
+            bucket = buffer.bucket
+            k = bucket.index
+            if (
+                self.plain
+                and self.cached[k] < self.max_cached_per_bucket
+                and self.allocated_bytes - self.active_bytes + self.view_bytes
+                <= self.max_cached_bytes
+            ):
+                # Parked -> cached at once: idle bytes, parked and cached, stay as they
+                # were, and within the cap.  The rest (a cap to make room for) is `settle`'s.
+                self.parked[k] -= 1
+                self.parked_bytes -= bucket.nbytes
+                buffer.token = 0
+                buffer.events = None
+                bucket.free += (buffer,)
+                self.cached[k] += 1
+            else:
+                bucket.inbox += ((buffer, buffer.token, None, buffer.view_bytes),)
+            try:
+                if young[index] is record:
+                    del young[index]
+            except IndexError:  # the queue moved on meanwhile: dropped at the front
+                pass
+            return bucket
+
+    def young_front(self, age: int) -> Parking | str | None:
+        """The oldest recent record: None if there is none.
+
+        A spent record at the front is dropped, and one parked more than *age* hand-outs
+        ago moves to the old queue: then `DROPPED` (call again).
+        """
+        with LOCK:
+            young = self.young
+            if not young:
+                return None
+            record = young[0]
+            if record[0] is not None and self.tick - record[2] <= age:
+                return record
+            del young[0]
+            if record[0] is not None:
+                self.old += (record,)
+                self.old_changes += 1
+            return DROPPED
+
+    def old_front(self) -> Parking | str | None:
+        """Move the old queue's front record to its back and return it (None: empty).
+
+        A spent record is dropped instead: then `DROPPED`.
+        """
+        with LOCK:
+            old = self.old
+            if not old:
+                return None
+            record = old[0]
+            del old[0]
+            self.old_changes += 1
+            if record[0] is None:
+                return DROPPED
+            old += (record,)
+            return record
+
+    def parked_records(self) -> tuple[list[Parking], list[Parking], int]:
+        """Copies of both parking queues, and `old_changes`, in one locked section."""
+        with LOCK:
+            return [*self.young], [*self.old], self.old_changes
+
+    def compact_old(self, live: collections.deque[Parking], seen: int) -> bool:
+        """Make *live* the old queue, if nothing changed it since it read *seen* changes.
+
+        *live* is a copy of the old queue less spent records: dropping them all at once
+        keeps the queue from growing with the records `collect` spent in its middle.
+        """
+        with LOCK:
+            if self.old_changes != seen:
                 return False
-            if done:
-                del queue[index]
-                buffer.bucket.inbox += ((buffer, buffer.token, None),)
+            self.old = live
+            self.old_changes = seen + 1
             return True
 
     def attach_holder(self, buffer: Buffer, holder: object, holder_id: int) -> bool:
@@ -346,6 +506,7 @@ class Ledger:
         pending: list[CompletionEvent] | None,
         following: tuple[object, int],
         marks: tuple[object, int | None] | None,
+        cost: int,
     ) -> bool:
         """End the compat hand-out *token* of *buffer* held by the tuple *holder_id*.
 
@@ -356,7 +517,7 @@ class Ledger:
         with LOCK:
             if buffer.token != token or holder_id not in HELD:
                 return False
-            buffer.bucket.inbox += ((buffer, token, pending),)  # first: it alone may fail
+            buffer.bucket.inbox += ((buffer, token, pending, cost),)  # first: it alone may fail
             del HELD[holder_id]
             buffer.next_holder, buffer.next_id = following
             if marks is not None:
@@ -391,7 +552,7 @@ class Ledger:
             allocated = (self.allocations, self.allocations_peak, self.allocated_bytes)
             totals = (self.allocated_bytes_peak, self.allocations_total)
             more = (self.allocated_bytes_total, self.parked_bytes, self.requested)
-            every = (*active, *allocated, *totals, *more, self.leaks, self.tick)
+            every = (*active, *allocated, *totals, *more, self.leaks, self.tick, self.view_bytes)
             return (*counts, self.parked[:], every)
 
     def buffers(self) -> list[Buffer]:

@@ -36,13 +36,17 @@ import threading
 
 from bucketpool._errors import PoolError
 
-__all__ = ["LOCK", "inside", "owned", "reentered"]
+__all__ = ["LATE", "LOCK", "inside", "owned", "reentered"]
 
 #: The lock.  An RLock only for its owner test (`inside`): it is never entered twice.
 LOCK = threading.RLock()
 #: `inside` without the Python call, for the hot paths: the lock's own C method.
 owned = LOCK._is_owned  # type: ignore[attr-defined]
 _is_owned = owned
+
+#: Pools with releases queued by a finaliser or handler that ran inside a move; whoever
+#: leaves a move next takes them back (`BucketPool._drain`), so no later call is needed.
+LATE: list[object] = []
 
 # Whether `_before_fork` took the lock (it does not when the forking thread holds it).
 _taken_for_fork: list[bool] = []

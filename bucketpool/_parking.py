@@ -1,17 +1,19 @@
 """The parking passes: asking parked buffers' events, and moving the done ones on.
 
-Parked buffers wait in one queue in the order they parked.  A poll asks the front first
-(copies on one stream complete in release order, so the oldest is the likeliest to be
-done), then goes on from a cursor that moves past every buffer not yet done, wrapping
-around: events may complete in any order, and a buffer whose event never completes (a
-stuck copy, a stream that runs behind the others) costs its own memory and a question now
-and then, and never holds up the buffers behind it.  Each poll asks a bounded number of
-buffers, so what an acquire spends on parked buffers does not grow with how many there are;
-`collect` and `synchronize` ask each parked buffer once.
+Each parking is a record in one of two queues (`bucketpool._ledger.Parking`).  New records
+join the *young* queue, in the order they park: copies on one stream complete in that
+order, so an acquire asks the young front first and usually finds its buffer there, done,
+with one question.  A record still parked `AGE` hand-outs after it parked -- a stuck copy,
+a stream that runs far behind -- moves to the *old* queue without being asked, so that
+however many are stuck, they never stand in front of the buffers that do come back.  Old
+records are asked in turn, a few at a time, only when the young ones gave an acquire
+nothing.  What a poll asks is bounded, whatever is parked; `collect` and `synchronize`
+ask every record once, from a copy of both queues taken at the start.
 
 Events are asked without the lock (``query()`` is user code); what a pass finds is applied
-by the ledger's `Ledger.step_parked` move, which first checks that the buffer is still where
-the pass saw it.  ``query()`` may raise anything: a poll for an unrelated acquire keeps the
+by the ledger's `Ledger.retire` move, which spends the record: an answer about a record
+already spent (the buffer retired, handed out and parked again by another thread since)
+moves nothing.  ``query()`` may raise anything: a poll for an unrelated acquire keeps the
 buffer parked and says nothing (the error is not that caller's); `collect` and
 `synchronize`, which ask about every parked buffer, raise the first error once they are
 done.  A `KeyboardInterrupt` is taken to be a signal's, and is raised at once in the thread
@@ -26,17 +28,20 @@ import typing
 from collections.abc import Callable, Iterable, Sequence
 
 from bucketpool import _verify
-from bucketpool._buffer import Buffer
+from bucketpool._buffer import Bucket, Buffer
 from bucketpool._errors import InFlightWriteError
 from bucketpool._inbox import drain
-from bucketpool._ledger import Ledger
+from bucketpool._ledger import DROPPED, Ledger, Parking
 from bucketpool._types import CompletionEvent
 
-__all__ = ["POLL_BUDGET", "all_done", "poll", "record", "settle_parked", "sweep", "wait"]
+__all__ = ["AGE", "POLL_BUDGET", "all_done", "poll", "record", "settle_parked", "sweep", "wait"]
 
 #: Parked buffers an acquire asks before it allocates: enough to retire the buffers of the
 #: steps that finished since the last look, and a bound on the cost whatever is parked.
 POLL_BUDGET = 4
+#: Hand-outs after which a record still parked leaves the young queue for the old one:
+#: far more than the few steps a copy takes, far fewer than a stuck copy waits.
+AGE = 256
 _POLL_SECONDS = 0.0005
 
 
@@ -56,27 +61,71 @@ def wait(events: Sequence[CompletionEvent]) -> bool:
     return True
 
 
-def poll(ledger: Ledger, budget: int = POLL_BUDGET) -> int:
-    """Ask up to *budget* parked buffers; move the done ones on; return how many retired.
+def poll(
+    ledger: Ledger, bucket: Bucket | None = None, budget: int = POLL_BUDGET, take: bool = False
+) -> tuple[int, bool, Parking | None, int]:
+    """Ask up to *budget* parked buffers; retire the done ones.
 
-    The front first, then from the cursor on.  Errors from ``query()`` are swallowed.
+    Returns how many retired, whether one went to an inbox (to drain) rather than straight
+    into the cache, and, with *take* (at ``"off"``), the record of a done buffer of
+    *bucket* left for the caller to hand out (`Ledger.serve`) and its index.  Stops once a
+    buffer of *bucket* retired or was found (any bucket's, when None).  The young queue
+    first, from its front; the old queue, in turn, only if that retired none.  Errors from
+    ``query()`` are swallowed: they are not this caller's.
     """
-    queue = ledger.parked_queue
+    young = ledger.young
+    try:
+        front = young[0]  # a hint: `young_front` decides
+    except IndexError:
+        pass
+    else:
+        if front[0] is None or ledger.tick - front[2] > AGE:
+            while ledger.young_front(AGE) is DROPPED:  # each turn drops or moves one record
+                pass
     retired = 0
+    queued = False
     index = 0
-    for _ in range(min(budget, len(queue))):  # no buffer asked twice in one poll
-        moved, done = _ask(ledger, queue, index, all_done)[:2]  # its errors are not ours
-        if moved is None:
-            if index == 0:
-                break
-            index = 0  # past the end: wrap around
+    asked = 0
+    while asked < budget:
+        try:
+            found = young[index]  # a hint, read without the lock: `retire` decides
+        except IndexError:
+            break
+        events = found[1]  # read once: `retire` may clear it meanwhile; the list stays
+        if events is None:  # spent by `collect`: dropped, and not asked
+            ledger.retire(found, index)
             continue
-        if moved and done:
-            retired += 1  # the next buffer slid into this place
-        else:
-            index = max(ledger.cursor, 1) if index == 0 else index + 1
-    ledger.cursor = index  # a hint for the next poll: where it left off
-    return retired
+        asked += 1
+        try:
+            done = all(event.query() for event in events) if len(events) > 1 else events[0].query()
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # user code, and not this caller's error
+            done = False
+        if done and take:
+            buffer = found[0]
+            if buffer is not None and buffer.bucket is bucket:
+                return retired, queued, found, index
+        retiring = ledger.retire(found, index) if done else None
+        if retiring is None:
+            index += 1
+            continue
+        retired += 1  # and the record left the queue: the next one is at *index*
+        queued = queued or bool(retiring.inbox)
+        if bucket is None or retiring is bucket:
+            break
+    if retired:
+        return retired, queued, None, 0
+    for _ in range(budget - asked):
+        turn = ledger.old_front()
+        if turn is None:
+            break
+        if isinstance(turn, str) or not _ask(turn, all_done)[0]:  # DROPPED, or not done
+            continue
+        retiring = ledger.retire(turn)
+        if retiring is not None:
+            return 1, bool(retiring.inbox), None, 0
+    return 0, False, None, 0
 
 
 def settle_parked(
@@ -102,65 +151,46 @@ def settle_parked(
 def sweep(
     ledger: Ledger, finished: Callable[[Sequence[CompletionEvent]], bool]
 ) -> tuple[int, BaseException | None]:
-    """Ask *finished* about every parked buffer once, front to back; move the done ones on.
+    """Ask *finished* once about every buffer parked when called; retire the done ones.
 
     Returns how many retired (into the inboxes, for the caller to drain) and the first error
-    an event raised (its buffer stays parked).
+    an event raised (its buffer stays parked).  Each record costs the same however many
+    are parked: the queues are copied once, and the old one is rebuilt without the records
+    spent in its middle.
     """
-    queue = ledger.parked_queue
+    young, old, seen = ledger.parked_records()
     retired = 0
     first_error: BaseException | None = None
-    index = 0
     try:
-        for _ in range(len(queue)):
-            moved, done, error = _ask(ledger, queue, index, finished)
-            if moved is None:
-                break
+        for found in (*young, *old):
+            done, error = _ask(found, finished)
             if error is not None and first_error is None:
                 first_error = error
-            if moved and done:
+            if done and ledger.retire(found) is not None:
                 retired += 1
-            else:
-                index += 1
+        if old:
+            ledger.compact_old(collections.deque([r for r in old if r[0] is not None]), seen)
         return retired, first_error
     finally:
         first_error = error = None  # no cycle through this frame (see `_ask`)
 
 
 def _ask(
-    ledger: Ledger,
-    queue: typing.Any,
-    index: int,
-    finished: Callable[[Sequence[CompletionEvent]], bool],
-) -> tuple[bool | None, bool, BaseException | None]:
-    """Ask about the buffer at *index*; move it on if done.
+    found: Parking, finished: Callable[[Sequence[CompletionEvent]], bool]
+) -> tuple[bool, BaseException | None]:
+    """Ask *finished* about the events of the record *found*: whether done, and the error.
 
-    Returns whether it was still there (None past the end), whether done, and the error
-    its events raised.
+    A spent record is not asked (not done).
     """
+    events = found[1]  # read once: `retire` may clear it meanwhile; the list stays as is
+    if events is None:
+        return False, None
     try:
-        buffer = queue[index]  # read without the lock: `step_parked` checks it again
-    except IndexError:
-        return None, False, None
-    events = buffer.events
-    if not events or buffer.token >= 0:
-        return False, False, None  # moved on by another thread since
-    error = None
-    try:
-        done = finished(events)
+        return bool(finished(events)), None
     except KeyboardInterrupt:
         raise
     except BaseException as caught:  # user code: the error is the asker's, if anyone's
-        done, error = False, caught
-    try:
-        return ledger.step_parked(buffer, index, done), done, error
-    except IndexError:
-        return False, done, error
-    finally:
-        # The error's traceback holds this frame and, through it, the callers' frames: a
-        # local of any of them that held the error would keep them all (and what their
-        # locals hold, a caller's buffers) alive until the collector runs.
-        error = None
+        return False, caught
 
 
 def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> bool:
@@ -177,6 +207,9 @@ def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> bool:
     # A held buffer's events are a deque (a parked buffer's, a list of those pending).
     events = typing.cast("collections.deque[CompletionEvent] | None", buffer.events)
     if events is None:
+        if not checking:  # the first event: nothing to ask, nothing to compare
+            buffer.events = collections.deque((event,))
+            return True
         events = collections.deque()
     else:
         for _ in range(min(2, len(events))):

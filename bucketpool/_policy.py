@@ -53,6 +53,7 @@ def check_reserve(ledger: Ledger, bucket: Bucket, size: int, number: int) -> Non
     """
     cached = ledger.cached[bucket.index] + number
     idle_bytes = ledger.allocated_bytes - ledger.active_bytes + number * bucket.nbytes
+    idle_bytes += ledger.view_bytes
     per_bucket, max_bytes = ledger.max_cached_per_bucket, ledger.max_cached_bytes
     if number and (cached > per_bucket or idle_bytes > max_bytes):
         raise ValueError(

@@ -25,8 +25,8 @@ from bucketpool._buffer import Bucket, Buffer, MakeHolder
 from bucketpool._errors import ReleaseError
 from bucketpool._handle import BufferHandle
 from bucketpool._inbox import drain, warn
-from bucketpool._ledger import CACHE, SWEEP, Ledger
-from bucketpool._lock import LOCK, owned, reentered
+from bucketpool._ledger import CACHE, EMPTY, SWEEP, Ledger
+from bucketpool._lock import LATE, LOCK, owned, reentered
 from bucketpool._parking import all_done, poll, settle_parked, wait
 from bucketpool._policy import check_reserve, sweep_idle, trim_to
 from bucketpool._refill import serve_slowly
@@ -143,6 +143,18 @@ class BucketPool:
             f"max_cached_bytes={s.max_cached_bytes:,}>"
         )
 
+    def __del__(self) -> None:
+        # Cached buffers refer to their buckets and to their cached views, which refer
+        # back: without this, a dropped pool's memory would wait for the collector
+        # (forever under gc.disable()).  Nothing else reaches these buckets now (a compat
+        # tuple still out holds its own tensors), so no lock is needed.
+        for bucket in self._buckets:
+            bucket.free = []
+            bucket.inbox.clear()
+        for buffer in self._ledger.registry:
+            buffer.views = {}
+            buffer.current = buffer.whole = None
+
     def __copy__(self) -> typing.NoReturn:
         raise TypeError(_NO_COPY)
 
@@ -179,14 +191,19 @@ class BucketPool:
         handle = _new(BufferHandle)
         handle._pool = self
         handle._n = n
-        got = self._ledger.serve(bucket, n, handle, frame.f_code, frame.f_lasti)
+        if bucket.free or bucket.inbox:  # hints: `serve` decides
+            got = self._ledger.serve(bucket, n, handle, frame.f_code, frame.f_lasti)
+        else:  # nothing to serve from: straight to the parked buffers, then a new one
+            got = EMPTY
         if got is not handle:
             if got is not SWEEP:
-                got = serve_slowly(self, bucket, n, handle, frame.f_code, frame.f_lasti, None)
+                got = serve_slowly(self, bucket, n, handle, frame.f_code, frame.f_lasti, None, got)
             if got is SWEEP:
                 self._maintain()
         if self._watching:
             self._handed_out(handle._buffer)
+        if LATE:
+            self._drain()
         return handle
 
     def _new_buffer(self, bucket: Bucket, make: MakeHolder | None) -> Buffer:
@@ -247,11 +264,19 @@ class BucketPool:
             return
         for problem in drain(self._ledger, self._reported, only):
             warn(problem, RuntimeWarning)
+        while LATE:  # queued inside a move that this thread, or another, has left since
+            try:
+                pool = typing.cast("BucketPool", LATE.pop())
+            except IndexError:  # another thread took the last one
+                break
+            for problem in drain(pool._ledger, pool._reported):
+                warn(problem, RuntimeWarning)
 
     def _maintain(self) -> None:
         """Every few acquires: retire finished parked buffers, trim idle buckets."""
-        if self._ledger.parked_queue:
-            poll(self._ledger)
+        ledger = self._ledger
+        if ledger.young or ledger.old:
+            poll(ledger)
         self._drain()
         sweep_idle(self._ledger, self._settings.idle_trim_acquires)
 

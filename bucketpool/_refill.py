@@ -34,16 +34,17 @@ def serve_slowly(
     code: object,
     lasti: int,
     make: MakeHolder | None,
+    got: object,
 ) -> object:
     """Serve *holder* from *bucket* once the fast path could not: settle, poll, allocate.
 
-    Returns what `Ledger.serve` returns for a served hand-out.  *make* makes the tuples of
-    a compat hand-out (None for a handle).
+    *got* is what the fast path's `Ledger.serve` returned.  Returns what `Ledger.serve`
+    returns for a served hand-out.  *make* makes the tuples of a compat hand-out (None for
+    a handle).
     """
     ledger = pool._ledger
     polled = False
     while True:
-        got = ledger.serve(bucket, n, holder, code, lasti)
         if got is SETTLE:
             pool._drain(bucket)
         elif got is NEEDS_HOLDER and make is not None:
@@ -51,12 +52,22 @@ def serve_slowly(
             if top:
                 ledger.attach_holder(top[0], *make(top[0], False))
         elif got is EMPTY:
-            if not polled and ledger.parked_queue:
+            if not polled and (ledger.young or ledger.old):
                 polled = True
-                if poll(ledger):
-                    pool._drain()
+                retired, queued, found, index = poll(
+                    ledger, bucket, take=make is None and ledger.plain
+                )
+                if found is not None:  # done, and of this bucket: handed out straight away
+                    got = ledger.serve(bucket, n, holder, code, lasti, parked=found, index=index)
+                    if got is not EMPTY:
+                        return got
+                if retired or found is not None:
+                    if queued:  # retired into an inbox, not straight into the cache
+                        pool._drain()
+                    got = ledger.serve(bucket, n, holder, code, lasti)
                     continue
             fresh = pool._new_buffer(bucket, make)  # outside the lock: pinning can be slow
             return ledger.serve(bucket, n, holder, code, lasti, fresh)
         else:
             return got
+        got = ledger.serve(bucket, n, holder, code, lasti)

@@ -68,6 +68,9 @@ class PoolStats:
         active_bytes: bytes of the buffers behind those handles.
         cached_bytes: bytes of idle buffers ready for reuse.
         parked_bytes: bytes of buffers waiting for their events.
+        view_bytes: bytes of the view sets that idle (cached and parked) buffers keep so
+            that a repeated ``n`` makes no tensor; counted against ``max_cached_bytes``
+            with the buffers' own bytes (an estimate: torch does not report them).
         parked: buffers waiting for their events.
         hits: acquires served without allocating.
         misses: acquires that allocated.
@@ -85,6 +88,7 @@ class PoolStats:
     active_bytes: Stat
     cached_bytes: int
     parked_bytes: int
+    view_bytes: int
     parked: int
     hits: int
     misses: int
@@ -164,6 +168,7 @@ def build_stats(
         requested,
         leaks,
         _tick,
+        view_bytes,
     ) = totals
     used = [b for b in buckets if takes[b.index] or allocated[b.index]]
     freed_total = allocations_total - allocations
@@ -181,6 +186,7 @@ def build_stats(
         ),
         cached_bytes=allocated_bytes - active_bytes - parked_bytes,
         parked_bytes=parked_bytes,
+        view_bytes=view_bytes,
         parked=sum(parked),
         hits=acquires - sum(misses),
         misses=sum(misses),

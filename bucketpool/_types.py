@@ -59,6 +59,8 @@ class PoolCore(Protocol):
     _watching: bool  # record release sites (tracing or a debug level)
     _full_stack: bool  # the whole stack, not only the file and line
     _level: int  # the debug level's index: 0 off, 1 checks, 2 strict
+    _ledger: Any  # its `bucketpool._ledger.Ledger` (not imported: this module is the ground)
+    _reported: set[object]  # the acquire sites whose leaks were reported
 
     def _drain(self, only: Any = None) -> None: ...  # only: that bucket's inbox
 

@@ -29,7 +29,7 @@ from bucketpool._buckets import check_count
 from bucketpool._buffer import Buffer
 from bucketpool._errors import ReleaseError
 from bucketpool._ledger import HELD, LEAK
-from bucketpool._lock import inside, owned, reentered
+from bucketpool._lock import LATE, inside, owned, reentered
 from bucketpool._pool import BucketPool
 from bucketpool._refill import serve_slowly
 from bucketpool._types import CompletionEvent, DescriptorBuffers, IntArray, IntegerInput
@@ -111,11 +111,16 @@ class _Holding:
         if record is None:  # released, or never handed out
             return
         buffer, token = record
-        buffer.bucket.inbox.append((buffer, token, LEAK))  # as a BufferHandle's finaliser
+        buffer.bucket.inbox.append(
+            (buffer, token, LEAK, buffer.views_cost())
+        )  # as a BufferHandle's finaliser
         HELD.pop(id(self), None)  # after the append: from it on, the pool has the buffer
         pool = buffer.pool_ref() if buffer.pool_ref is not None else None
-        if isinstance(pool, BucketPool) and not inside():
-            pool._drain()
+        if isinstance(pool, BucketPool):
+            if inside():  # never wait for the lock from inside it: the move's caller drains
+                LATE.append(pool)
+            else:
+                pool._drain()
 
 
 # The tuples the adapters hand out: the public classes, one object per hand-out.
@@ -170,7 +175,9 @@ class _Adapter(typing.Generic[_Buffers]):
         ledger = pool._ledger
         held = ledger.serve(bucket, n, None, frame.f_code, frame.f_lasti)
         if type(held) is int:
-            held = serve_slowly(pool, bucket, n, None, frame.f_code, frame.f_lasti, self._make)
+            held = serve_slowly(
+                pool, bucket, n, None, frame.f_code, frame.f_lasti, self._make, held
+            )
         if ledger.tick >= ledger.next_sweep and ledger.claim_sweep():
             pool._maintain()
         buffer, _ = HELD[id(held)]
@@ -263,10 +270,14 @@ class _Adapter(typing.Generic[_Buffers]):
                 following = (following_tuple, id(following_tuple))
             # One move checks the token and ends the hand-out, so that of two releases of one
             # tuple exactly one takes effect, whatever ran between (the event's query()).
-            if not pool._ledger.end_held(buffer, token, holder_id, pending, following, marks):
+            if not pool._ledger.end_held(
+                buffer, token, holder_id, pending, following, marks, buffer.views_cost()
+            ):
                 raise ReleaseError(self._refusal(bufs))
-            if pool._level:
-                pool._drain()
+            if owned():  # a finaliser or handler that interrupted a move: taken back later
+                LATE.append(pool)
+            else:  # at once: a cap frees it before this returns
+                pool._drain(buffer.bucket)
             if error is not None:
                 raise error
         finally:

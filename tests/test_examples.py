@@ -67,7 +67,7 @@ def test_events() -> None:
         "collect() retired 1",
         "out of order: collect() retired 1 (the newest)",
         "collect() retired 2 (the other two)",
-        "ten steps after a stuck copy: 2 parked, 3 allocated",
+        "ten steps after a stuck copy: 3 parked, 3 allocated",
         "after synchronize(): 0 parked, 3 allocated",
     ]
 

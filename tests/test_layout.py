@@ -57,8 +57,8 @@ def package_graph() -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
-def test_no_module_is_over_400_lines(path: pathlib.Path) -> None:
-    assert len(path.read_text().splitlines()) <= 400
+def test_no_module_is_over_450_lines(path: pathlib.Path) -> None:
+    assert len(path.read_text().splitlines()) <= 450
 
 
 def test_no_import_circle_type_only_imports_included() -> None:

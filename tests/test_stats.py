@@ -29,6 +29,7 @@ def record(
         active_bytes=Stat(384, 768, 3456, 3072),
         cached_bytes=384,
         parked_bytes=0,
+        view_bytes=0,
         parked=0,
         hits=hits,
         misses=misses,
@@ -110,6 +111,7 @@ def expected_stats(
     hits_misses: tuple[int, int],
     entries: tuple[int, int],
     buckets: tuple[BucketStats, ...],
+    views: int = 0,
 ) -> PoolStats:
     """A whole expected PoolStats, written out (parked as (count, bytes))."""
     return PoolStats(
@@ -120,6 +122,7 @@ def expected_stats(
         cached_bytes=cached_bytes,
         parked=parked[0],
         parked_bytes=parked[1],
+        view_bytes=views,
         hits=hits_misses[0],
         misses=hits_misses[1],
         leaks=0,
