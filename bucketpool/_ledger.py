@@ -5,41 +5,31 @@ A buffer is, at every moment, in exactly one place, and its ``token`` says which
 * **cached** (token 0) -- in its bucket's free list, ready to hand out (the newest last);
 * **held** (token > 0, the hand-out's) -- its holder, a `BufferHandle` (or a compat
   adapter's tuple, through `HELD`), carries the same token;
-* **returning** (the hand-out's token still) -- released or dropped unreleased, waiting in
-  its bucket's inbox, appended to without the lock (deque appends are thread-safe), so
-  that a release never waits, also from a finaliser or a collected ``with`` block;
-* **parked** (minus the hand-out's token) -- taken back while a recorded event was
-  pending, with a *record* in the parking queues (see `Parking`); it returns through the
-  inbox once every event reports done, by the one move that clears that record;
+* **parked** (minus the hand-out's token) -- released while a recorded event was pending,
+  with a record in the parking queues (`bucketpool._queues`) until its events are done;
+* **returning** -- waiting in its bucket's inbox to be taken back by `settle`: a release
+  made from inside a move (a finaliser), a dropped holder, a compat release;
 * **freed** -- dropped by a cap, a trim or idle trimming; its memory goes back at once.
 
 Every change of place is a *move*: one method below, one locked section of straight-line
 code that calls nothing (the rule is in `bucketpool._lock`; `tests/test_lock_rule.py`
-checks it), so that a signal handler's exception lands before a move or after it:
-`serve` (returning or cached -> held; new -> held or cached), `settle` (returning ->
-cached, parked or freed), `uncache` (cached -> freed), `retire` (parked ->
-returning), `attach_holder` (a cached buffer gets its next compat tuple) and `end_held`
-(held by a compat tuple -> returning).
-
-A token is never used twice, so a mismatch is final: a stale, copied or forged holder
-moves nothing.  Counters that `stats()` can derive are not kept (hits are takes less
-misses; cached bytes are allocated less active less parked bytes); peaks are exact.
+checks it), so that a signal handler's exception lands before a move or after it.  A
+token is never used twice, so a mismatch is final: a stale, copied or forged holder moves
+nothing.  Counters that `stats()` can derive are not kept; peaks are exact.
 """
 
 from __future__ import annotations
 
-import collections
-import typing
 from collections.abc import Callable
 from typing import Final
 
 from bucketpool._buffer import HELD, LEAK, Bucket, Buffer, Entry
 from bucketpool._lock import LOCK
+from bucketpool._queues import Parking, Queues
 from bucketpool._types import CompletionEvent
 
 __all__ = [
     "CACHE",
-    "DROPPED",
     "EMPTY",
     "HELD",
     "LEAK",
@@ -49,22 +39,17 @@ __all__ = [
     "TOTALS",
     "Leak",
     "Ledger",
-    "Parking",
     "Settled",
 ]
 
-#: `serve` could not serve: the bucket's inbox has something to settle first.
+# What `serve` says: it could not serve, because the bucket's inbox has something to
+# settle first, it has nothing cached, or (compat) the buffer has no tuple yet; it
+# served, and the idle sweep is due.  CACHE: its holder for a buffer to cache (`reserve`).
 SETTLE: Final = 1
-#: `serve` could not serve: the bucket has nothing cached.
 EMPTY: Final = 2
-#: `serve` could not serve a compat hand-out: the buffer has no tuple yet.
 NEEDS_HOLDER: Final = 3
-#: `serve` served, and the idle sweep is due: the caller runs it.
 SWEEP: Final = 4
-#: `serve`'s holder for a new buffer that is to be cached, not handed out (`reserve`).
 CACHE: Final = "cache"
-#: `young_front` and `old_front` dropped or moved a record: ask again.
-DROPPED: Final = "dropped"
 
 #: The ledger's totals, in the order `Ledger.snapshot` copies them.
 TOTALS = (
@@ -73,19 +58,11 @@ TOTALS = (
     *("allocations_total", "allocated_bytes_total", "parked_bytes", "requested", "leaks"),
     *("tick", "view_bytes"),
 )
-#: A leak, as `settle` saw it: the hand-out's n, the acquire's code object and
-#: instruction, and its traced site (or None).
+#: A leak, as `settle` saw it: the hand-out's n, the acquire's code and instruction, site.
 Leak = tuple[int, object, int, object]
-#: What `settle` did, for its caller's follow-up outside the lock: (the buffer or None,
-#: what it did, the leak it took back or None, the verification's problem or None).
+#: What `settle` did, for its caller outside the lock: buffer, outcome, leak, problem.
 Settled = tuple["Buffer | None", str, "Leak | None", "str | None"]
 _NOTHING: Final = (None, "nothing", None, None)
-#: One parking of a buffer: ``[buffer, events, tick]`` -- the buffer, its pending events,
-#: the ledger's tick when it parked.  The `retire` move clears the buffer and the events
-#: (under the lock, once): a cleared record is spent, and whoever held a copy of it, a
-#: poll that asked its events, say, can move nothing with it.  So a buffer is never
-#: retired on an answer about an earlier parking: that parking's record is spent.
-Parking = list[typing.Any]
 
 
 class Ledger:
@@ -94,8 +71,8 @@ class Ledger:
     # A plain __slots__ class: attrs' hooks would cost time on every move.
     __slots__ = (
         *TOTALS,  # the counters, then the records and the settings
-        *("allocated", "buckets", "cached", "max_cached_bytes", "misses", "old"),
-        *("max_cached_per_bucket", "next_sweep", "old_changes", "parked", "plain"),
+        *("allocated", "buckets", "cached", "max_cached_bytes", "misses", "queues"),
+        *("max_cached_per_bucket", "next_sweep", "parked", "plain"),
         *("registry", "sweep_every", "takes", "verify", "young"),
     )
 
@@ -110,12 +87,8 @@ class Ledger:
         count = max_capacity.bit_length()
         self.buckets = [Bucket(k, 1 << k) for k in range(count)]
         self.registry: dict[Buffer, None] = {}  # every buffer not freed (outstanding())
-        #: The parking records (see `bucketpool._parking`): the recent ones in the order
-        #: they parked, and those still parked long after, asked in turn.  Both may hold
-        #: spent records, dropped when they come to the front.
-        self.young: collections.deque[Parking] = collections.deque()
-        self.old: collections.deque[Parking] = collections.deque()
-        self.old_changes = 0  # moves that changed `old` (`compact_old` needs none since)
+        self.queues = queues = Queues()  # the parking records (`bucketpool._queues`)
+        self.young = queues.young  # the same deque, always: moves append to it
         self.max_cached_bytes = max_cached_bytes
         self.max_cached_per_bucket = max_cached_per_bucket
         self.sweep_every = sweep_every
@@ -153,12 +126,11 @@ class Ledger:
     ) -> object:
         """Hand a buffer of *bucket* to *holder* (a `BufferHandle`, or None for compat).
 
-        The oldest plain return in the bucket's inbox, else the newest cached, else
-        *fresh* (counted here; cached if *holder* is `CACHE` and the caps keep it), else
-        the buffer of the record *parked* (its events done, found at *index* of the young
-        queue; a handle's, at ``"off"``: spent here, as `retire` would).  Returns the
-        holder (compat: the tuple kept with the buffer), `SWEEP` when the idle sweep is
-        due, or, having moved nothing, `SETTLE`, `EMPTY` or `NEEDS_HOLDER`.
+        The buffer of the record *parked* (events done, at *index* of the young queue;
+        spent here, as `retire` would), else *fresh* (counted here; cached if *holder* is
+        `CACHE` and the caps keep it), else the newest cached.  Returns the holder (compat:
+        the tuple kept with the buffer), `SWEEP` when the idle sweep is due, or, having
+        moved nothing, `SETTLE` (the inbox first), `EMPTY` or `NEEDS_HOLDER`.
         """
         k = bucket.index
         with LOCK:
@@ -281,13 +253,10 @@ class Ledger:
     def settle(self, bucket: Bucket, force: bool = False, entry: Entry | None = None) -> Settled:
         """Take back *entry*, else the oldest of *bucket*'s inbox: park, cache or free it.
 
-        Events pending: parked.  Else cached if the caps keep it (parked bytes count), else
-        freed.  The debug levels' `verify` runs first, before anything moves.  If caching
-        fits the bucket but not the byte cap, nothing moves (``"crowded"``): the caller
-        makes room elsewhere and calls again with *force*, which frees it if there is
-        still none.  Returns the buffer, the outcome (``"parked"``, ``"cached"``,
-        ``"freed"``, ``"crowded"``, ``"nothing"``), the leak taken back, the problem.
-        An *entry* whose hand-out is over already moves nothing (``"nothing"``).
+        Parked if events are pending, else cached if the caps keep it, else freed; the
+        debug levels' `verify` runs first.  ``"crowded"`` (nothing moved): caching fits the
+        bucket, not the byte cap; the caller makes room and calls again with *force*.
+        Returns the buffer, the outcome, the leak taken back, the problem.
         """
         k = bucket.index
         with LOCK:
@@ -365,10 +334,10 @@ class Ledger:
         return (buffer, outcome, leak, problem)
 
     def uncache(self, bucket: Bucket, newest: bool, limit: int | None) -> Buffer | None:
-        """Free *bucket*'s newest (or oldest) cached buffer if cached bytes exceed *limit*.
+        """Free *bucket*'s newest (or oldest) cached buffer if idle bytes exceed *limit*.
 
-        *limit* None is the byte cap (less parked bytes); -1 frees whatever the bytes.
-        Returns the freed buffer (the caller scraps it outside the lock), or None.
+        *limit* None: the byte cap less parked bytes; -1: whatever the bytes.  Returns the
+        freed buffer (the caller scraps it outside the lock), or None.
         """
         k = bucket.index
         with LOCK:
@@ -392,22 +361,20 @@ class Ledger:
         return buffer
 
     def retire(self, record: Parking, index: int = 0) -> Bucket | None:
-        """Parked -> returning: queue *record*'s buffer, its events done, in its inbox.
+        """Parked -> cached (or returning, for `settle`): spend *record*, its events done.
 
-        Spends the record, and drops it from the young queue if it is at *index* there
-        (a poll's index, near the front, so the drop is cheap; a spent record is dropped
-        too).  Returns the buffer's bucket, or None, having moved nothing else, if the
-        record was spent already (another thread retired the buffer first).
+        Drops the record from the young queue if it is at *index* there (a poll's, near
+        the front: cheap).  Returns the buffer's bucket, or None if the record was spent
+        already (another thread retired the buffer first).
         """
         with LOCK:
             buffer: Buffer | None = record[0]
-            young = self.young
-            if buffer is None:  # spent: dropped from *index* all the same
-                try:
-                    if young[index] is record:
-                        del young[index]
-                except IndexError:
-                    pass
+            try:
+                if self.young[index] is record:
+                    del self.young[index]
+            except IndexError:  # the queue moved on meanwhile: dropped at the front
+                pass
+            if buffer is None:
                 return None
             record[0] = record[1] = None
             bucket = buffer.bucket
@@ -428,66 +395,7 @@ class Ledger:
                 self.cached[k] += 1
             else:
                 bucket.inbox += ((buffer, buffer.token, None, buffer.view_bytes),)
-            try:
-                if young[index] is record:
-                    del young[index]
-            except IndexError:  # the queue moved on meanwhile: dropped at the front
-                pass
             return bucket
-
-    def young_front(self, age: int) -> Parking | str | None:
-        """The oldest recent record: None if there is none.
-
-        A spent record at the front is dropped, and one parked more than *age* hand-outs
-        ago moves to the old queue: then `DROPPED` (call again).
-        """
-        with LOCK:
-            young = self.young
-            if not young:
-                return None
-            record = young[0]
-            if record[0] is not None and self.tick - record[2] <= age:
-                return record
-            del young[0]
-            if record[0] is not None:
-                self.old += (record,)
-                self.old_changes += 1
-            return DROPPED
-
-    def old_front(self) -> Parking | str | None:
-        """Move the old queue's front record to its back and return it (None: empty).
-
-        A spent record is dropped instead: then `DROPPED`.
-        """
-        with LOCK:
-            old = self.old
-            if not old:
-                return None
-            record = old[0]
-            del old[0]
-            self.old_changes += 1
-            if record[0] is None:
-                return DROPPED
-            old += (record,)
-            return record
-
-    def parked_records(self) -> tuple[list[Parking], list[Parking], int]:
-        """Copies of both parking queues, and `old_changes`, in one locked section."""
-        with LOCK:
-            return [*self.young], [*self.old], self.old_changes
-
-    def compact_old(self, live: collections.deque[Parking], seen: int) -> bool:
-        """Make *live* the old queue, if nothing changed it since it read *seen* changes.
-
-        *live* is a copy of the old queue less spent records: dropping them all at once
-        keeps the queue from growing with the records `collect` spent in its middle.
-        """
-        with LOCK:
-            if self.old_changes != seen:
-                return False
-            self.old = live
-            self.old_changes = seen + 1
-            return True
 
     def attach_holder(self, buffer: Buffer, holder: object, holder_id: int) -> bool:
         """Give cached *buffer* the tuple its next compat hand-out gets, if it has none."""

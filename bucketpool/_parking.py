@@ -31,7 +31,8 @@ from bucketpool import _verify
 from bucketpool._buffer import Bucket, Buffer
 from bucketpool._errors import InFlightWriteError
 from bucketpool._inbox import drain
-from bucketpool._ledger import DROPPED, Ledger, Parking
+from bucketpool._ledger import Ledger
+from bucketpool._queues import DROPPED, Parking
 from bucketpool._types import CompletionEvent
 
 __all__ = ["AGE", "POLL_BUDGET", "all_done", "poll", "record", "settle_parked", "sweep", "wait"]
@@ -80,7 +81,8 @@ def poll(
         pass
     else:
         if front[0] is None or ledger.tick - front[2] > AGE:
-            while ledger.young_front(AGE) is DROPPED:  # each turn drops or moves one record
+            oldest = ledger.tick - AGE
+            while ledger.queues.young_front(oldest) is DROPPED:  # drops or moves one a turn
                 pass
     retired = 0
     queued = False
@@ -117,7 +119,7 @@ def poll(
     if retired:
         return retired, queued, None, 0
     for _ in range(budget - asked):
-        turn = ledger.old_front()
+        turn = ledger.queues.old_front()
         if turn is None:
             break
         if isinstance(turn, str) or not _ask(turn, all_done)[0]:  # DROPPED, or not done
@@ -158,7 +160,7 @@ def sweep(
     are parked: the queues are copied once, and the old one is rebuilt without the records
     spent in its middle.
     """
-    young, old, seen = ledger.parked_records()
+    young, old, seen = ledger.queues.parked_records()
     retired = 0
     first_error: BaseException | None = None
     try:
@@ -169,7 +171,7 @@ def sweep(
             if done and ledger.retire(found) is not None:
                 retired += 1
         if old:
-            ledger.compact_old(collections.deque([r for r in old if r[0] is not None]), seen)
+            ledger.queues.compact_old(collections.deque([r for r in old if r[0] is not None]), seen)
         return retired, first_error
     finally:
         first_error = error = None  # no cycle through this frame (see `_ask`)

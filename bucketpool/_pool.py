@@ -148,10 +148,14 @@ class BucketPool:
         # back: without this, a dropped pool's memory would wait for the collector
         # (forever under gc.disable()).  Nothing else reaches these buckets now (a compat
         # tuple still out holds its own tensors), so no lock is needed.
-        for bucket in self._buckets:
+        try:
+            ledger = self._ledger
+        except AttributeError:  # its __init__ raised: nothing was made
+            return
+        for bucket in ledger.buckets:
             bucket.free = []
             bucket.inbox.clear()
-        for buffer in self._ledger.registry:
+        for buffer in ledger.registry:
             buffer.views = {}
             buffer.current = buffer.whole = None
 
@@ -275,7 +279,7 @@ class BucketPool:
     def _maintain(self) -> None:
         """Every few acquires: retire finished parked buffers, trim idle buckets."""
         ledger = self._ledger
-        if ledger.young or ledger.old:
+        if ledger.young or ledger.queues.old:
             poll(ledger)
         self._drain()
         sweep_idle(self._ledger, self._settings.idle_trim_acquires)

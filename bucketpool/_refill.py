@@ -52,7 +52,7 @@ def serve_slowly(
             if top:
                 ledger.attach_holder(top[0], *make(top[0], False))
         elif got is EMPTY:
-            if not polled and (ledger.young or ledger.old):
+            if not polled and (ledger.young or ledger.queues.old):
                 polled = True
                 retired, queued, found, index = poll(
                     ledger, bucket, take=make is None and ledger.plain

@@ -643,7 +643,7 @@ def test_collect_asks_every_parked_buffer_while_others_retire() -> None:
     events = [ScriptedEvent(after=True) for _ in range(8)]
     events[0] = ScriptedEvent(after=False)
     handles = [pool.acquire(16) for _ in events]
-    for handle, event in zip(handles, events):
+    for handle, event in zip(handles, events, strict=True):
         handle.record_event(event)
         handle.release()
 

@@ -12,6 +12,7 @@ from _helpers import KIB, TRIPLE_16
 
 from bucketpool import (
     BucketPool,
+    BufferHandle,
     PoolStats,
     Stat,
 )
@@ -267,3 +268,74 @@ def test_reserves_racing_never_take_a_bucket_over_its_cap(monkeypatch: pytest.Mo
     stats = pool.stats()
     assert stats.buckets[0].cached == 4  # the cap, not 6
     assert stats.allocations.current == 4  # the refused buffer was not kept
+
+
+# -- memory comes back: at release, view sets counted, nothing left for the collector -----
+
+
+def test_a_release_the_cap_cannot_keep_frees_before_it_returns() -> None:
+    pool = BucketPool(max_cached_bytes=0)
+    for n in (16, 32, 64, 128):  # each block's buffer is freed at its end, not later
+        with pool.acquire(n):
+            pass
+    stats = pool.stats()
+    assert stats.allocated_bytes.peak == 128 * 24  # never two at once
+    assert stats.allocations.current == 0
+
+
+def test_peaks_count_hand_outs_not_yet_released(pool: BucketPool) -> None:
+    for n in (16, 32, 64, 128):  # one at a time, each of another bucket
+        with pool.acquire(n):
+            pass
+    stats = pool.stats()
+    assert stats.active_requests.peak == 1
+    assert stats.active_bytes.peak == 128 * 24
+
+
+def test_view_sets_count_against_the_byte_cap() -> None:
+    cap = 64 * KIB
+    pool = BucketPool(max_cached_bytes=cap, idle_trim_acquires=0)
+    handles = [pool.acquire(16) for _ in range(64)]  # 64 small buffers
+    for handle in handles:
+        with handle:  # a view set each
+            pass
+    for n in range(1, 16):  # and more sets on the one most recently released
+        with pool.acquire(n):
+            pass
+    stats = pool.stats()
+    assert stats.view_bytes >= VIEW_SET_BYTES * stats.buckets[0].cached
+    assert stats.cached_bytes + stats.view_bytes <= cap  # buffers alone would all fit
+    assert stats.cached_bytes < 64 * TRIPLE_16
+
+
+def test_a_released_handle_keeps_no_freed_memory() -> None:
+    pool = BucketPool(max_cached_bytes=0)
+    handle = pool.acquire(1 << 12)
+    with handle as bufs:
+        memory = weakref.ref(bufs[0]._base)  # the buffer's own tensor
+    del bufs
+    assert memory() is None  # freed by the cap at release, though the handle lives on
+    assert handle.released
+
+
+@pytest.mark.parametrize("make", [BucketPool, DescriptorBufferPool], ids=["pool", "compat"])
+def test_a_dropped_pool_frees_its_buffers_with_the_collector_off(
+    make: typing.Callable[[], object],
+) -> None:
+    gc.collect()
+    gc.disable()
+    try:
+        pool: typing.Any = make()
+        held = pool.acquire(16)
+        views = held.buffers if isinstance(held, BufferHandle) else held
+        memory = weakref.ref(views[0]._base)
+        del views
+        if isinstance(held, BufferHandle):
+            with held, pool.acquire(100):  # two buckets, a view set each
+                pass
+        else:
+            pool.release(held)
+        del held, pool
+        assert memory() is None
+    finally:
+        gc.enable()
