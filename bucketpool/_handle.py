@@ -67,7 +67,7 @@ class BufferHandle:
                 (buffer, token, LEAK, buffer.views_cost())
             )  # from here on the pool has it
             if inside():  # never wait for the lock from inside it: the move's caller drains
-                LATE.append(self._pool)
+                LATE.append(self._pool._self_ref)
             else:
                 self._pool._drain()
 
@@ -202,7 +202,7 @@ class BufferHandle:
                 except (RecursionError, MemoryError):  # not appended: the handle still holds it
                     self._token = token
                     raise
-                LATE.append(pool)
+                LATE.append(pool._self_ref)
             elif pool._ledger.give_back(buffer, token, pending, views):
                 self._token = 0  # cached or parked: the common case, in one move
             else:
@@ -217,6 +217,8 @@ class BufferHandle:
                     raise ReleaseError(self._released_message("release"))
                 for problem in problems:
                     warn(problem, RuntimeWarning)
+            if LATE:  # a finaliser that ran inside this release's move queued a release
+                pool._drain()
             if error is not None:
                 if exc is None or not isinstance(error, Exception):
                     raise error

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 from bucketpool._errors import PoolError
 
@@ -44,9 +45,11 @@ LOCK = threading.RLock()
 owned = LOCK._is_owned  # type: ignore[attr-defined]
 _is_owned = owned
 
-#: Pools with releases queued by a finaliser or handler that ran inside a move; whoever
-#: leaves a move next takes them back (`BucketPool._drain`), so no later call is needed.
-LATE: list[object] = []
+#: Weak references to the pools with releases queued by a finaliser or handler that ran
+#: inside a move: the pool call that made the move takes them back as it ends
+#: (`BucketPool._drain`), so no later call is needed.  Weak: a pool dropped meanwhile
+#: goes, and its queue with it.
+LATE: list[Callable[[], object]] = []
 
 # Whether `_before_fork` took the lock (it does not when the forking thread holds it).
 _taken_for_fork: list[bool] = []

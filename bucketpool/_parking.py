@@ -16,7 +16,7 @@ already spent (the buffer retired, handed out and parked again by another thread
 moves nothing.  ``query()`` may raise anything: a poll for an unrelated acquire keeps the
 buffer parked and says nothing (the error is not that caller's); `collect` and
 `synchronize`, which ask about every parked buffer, raise the first error once they are
-done.  A `KeyboardInterrupt` is taken to be a signal's, and is raised at once in the thread
+done.  A `KeyboardInterrupt` or `SystemExit` is taken to be a signal handler's, and is raised at once in the thread
 it interrupted, the buffer still parked.
 """
 
@@ -35,7 +35,17 @@ from bucketpool._ledger import Ledger
 from bucketpool._queues import DROPPED, Parking
 from bucketpool._types import CompletionEvent
 
-__all__ = ["AGE", "POLL_BUDGET", "all_done", "poll", "record", "settle_parked", "sweep", "wait"]
+__all__ = [
+    "AGE",
+    "POLL_BUDGET",
+    "all_done",
+    "poll",
+    "poll_old",
+    "record",
+    "settle_parked",
+    "sweep",
+    "wait",
+]
 
 #: Parked buffers an acquire asks before it allocates: enough to retire the buffers of the
 #: steps that finished since the last look, and a bound on the cost whatever is parked.
@@ -71,8 +81,9 @@ def poll(
     into the cache, and, with *take* (at ``"off"``), the record of a done buffer of
     *bucket* left for the caller to hand out (`Ledger.serve`) and its index.  Stops once a
     buffer of *bucket* retired or was found (any bucket's, when None).  The young queue
-    first, from its front; the old queue, in turn, only if that retired none.  Errors from
-    ``query()`` are swallowed: they are not this caller's.
+    first, from its front; the old queue, in turn, only if that retired none (and the idle
+    sweep asks it too: `poll_old`).  Errors from ``query()`` are swallowed: they are not
+    this caller's.
     """
     young = ledger.young
     try:
@@ -100,7 +111,7 @@ def poll(
         asked += 1
         try:
             done = all(event.query() for event in events) if len(events) > 1 else events[0].query()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
             raise
         except BaseException:  # user code, and not this caller's error
             done = False
@@ -118,7 +129,12 @@ def poll(
             break
     if retired:
         return retired, queued, None, 0
-    for _ in range(budget - asked):
+    return poll_old(ledger, budget - asked)
+
+
+def poll_old(ledger: Ledger, turns: int) -> tuple[int, bool, None, int]:
+    """Ask up to *turns* old records, in turn; stop at the first that retires (as `poll`)."""
+    for _ in range(turns):
         turn = ledger.queues.old_front()
         if turn is None:
             break
@@ -189,7 +205,7 @@ def _ask(
         return False, None
     try:
         return bool(finished(events)), None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
         raise
     except BaseException as caught:  # user code: the error is the asker's, if anyone's
         return False, caught
@@ -218,7 +234,7 @@ def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> bool:
             oldest = events[0]
             try:
                 done = bool(oldest.query())  # its truth too: user code
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
                 raise
             except BaseException:  # not this call's to report: kept, asked at release
                 done = False
@@ -251,7 +267,7 @@ def _any_pending(events: Iterable[CompletionEvent]) -> bool:
         try:
             if not event.query():
                 return True
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
             raise
         except BaseException:  # not this call's to report: asked again at release
             return True

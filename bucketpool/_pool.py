@@ -27,7 +27,7 @@ from bucketpool._handle import BufferHandle
 from bucketpool._inbox import drain, warn
 from bucketpool._ledger import CACHE, EMPTY, SWEEP, Ledger
 from bucketpool._lock import LATE, LOCK, owned, reentered
-from bucketpool._parking import all_done, poll, settle_parked, wait
+from bucketpool._parking import POLL_BUDGET, all_done, poll, poll_old, settle_parked, wait
 from bucketpool._policy import check_reserve, sweep_idle, trim_to
 from bucketpool._refill import serve_slowly
 from bucketpool._settings import DEBUG_LEVELS, DebugLevel, Settings, resolve_settings
@@ -270,17 +270,20 @@ class BucketPool:
             warn(problem, RuntimeWarning)
         while LATE:  # queued inside a move that this thread, or another, has left since
             try:
-                pool = typing.cast("BucketPool", LATE.pop())
+                pool = LATE.pop()()
             except IndexError:  # another thread took the last one
                 break
-            for problem in drain(pool._ledger, pool._reported):
-                warn(problem, RuntimeWarning)
+            if isinstance(pool, BucketPool):  # (None: dropped since, its queue with it)
+                for problem in drain(pool._ledger, pool._reported):
+                    warn(problem, RuntimeWarning)
 
     def _maintain(self) -> None:
         """Every few acquires: retire finished parked buffers, trim idle buckets."""
         ledger = self._ledger
-        if ledger.young or ledger.queues.old:
+        if ledger.young:
             poll(ledger)
+        if ledger.queues.old:  # asked here too: a miss that the young ones serve never does
+            poll_old(ledger, POLL_BUDGET)
         self._drain()
         sweep_idle(self._ledger, self._settings.idle_trim_acquires)
 
@@ -319,7 +322,10 @@ class BucketPool:
     ) -> int:
         self._outside(operation)
         self._drain()
-        return settle_parked(self._ledger, self._reported, finished)
+        retired = settle_parked(self._ledger, self._reported, finished)
+        if LATE:
+            self._drain()
+        return retired
 
     # -- memory -------------------------------------------------------------------------------
 
@@ -359,7 +365,10 @@ class BucketPool:
         limit = check_non_negative_count(max_bytes, "trim: max_bytes")
         self._outside("trim")
         self._drain()
-        return trim_to(self._ledger, limit)
+        freed = trim_to(self._ledger, limit)
+        if LATE:
+            self._drain()
+        return freed
 
     def empty_cache(self) -> int:
         """Free every cached buffer (``trim(0)``); return bytes freed."""

@@ -5,7 +5,7 @@ A leaf: it imports nothing of the package, so no import circle passes through it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, SupportsIndex, TypeAlias
 
 import numpy as np
@@ -61,6 +61,9 @@ class PoolCore(Protocol):
     _level: int  # the debug level's index: 0 off, 1 checks, 2 strict
     _ledger: Any  # its `bucketpool._ledger.Ledger` (not imported: this module is the ground)
     _reported: set[object]  # the acquire sites whose leaks were reported
+
+    @property
+    def _self_ref(self) -> Callable[[], object]: ...  # a weak reference to itself
 
     def _drain(self, only: Any = None) -> None: ...  # only: that bucket's inbox
 

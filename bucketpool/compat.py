@@ -118,7 +118,7 @@ class _Holding:
         pool = buffer.pool_ref() if buffer.pool_ref is not None else None
         if isinstance(pool, BucketPool):
             if inside():  # never wait for the lock from inside it: the move's caller drains
-                LATE.append(pool)
+                LATE.append(pool._self_ref)
             else:
                 pool._drain()
 
@@ -275,7 +275,7 @@ class _Adapter(typing.Generic[_Buffers]):
             ):
                 raise ReleaseError(self._refusal(bufs))
             if owned():  # a finaliser or handler that interrupted a move: taken back later
-                LATE.append(pool)
+                LATE.append(pool._self_ref)
             else:  # at once: a cap frees it before this returns
                 pool._drain(buffer.bucket)
             if error is not None:

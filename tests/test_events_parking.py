@@ -381,7 +381,8 @@ def test_acquire_polls_a_bounded_number_of_parked_buffers(pool: BucketPool) -> N
     acquires += len(held)
     for handle in held:
         handle.release()
-    # A miss asks at most POLL_BUDGET, and so does the sweep (here every other acquire).
+    # A miss asks at most POLL_BUDGET; the sweep (here every other acquire) asks at most
+    # POLL_BUDGET of each parking queue.
     assert event.queries <= 2 * POLL_BUDGET * acquires + 10
     assert pool.stats().parked == 10_000
 
@@ -678,3 +679,43 @@ def test_stuck_parked_buffers_do_not_stop_completed_ones_coming_back() -> None:
         allocations.append(pool.stats().allocations.current)
     assert allocations[-1] == allocations[AGE + 8]  # nothing new after warm-up
     assert allocations[-1] <= 2_000 + AGE + 8
+
+
+def test_a_stuck_copy_that_completes_later_comes_back_without_collect() -> None:
+    pool = BucketPool()
+    stuck = FlagEvent()
+    handle = pool.acquire(16)
+    stuck_address = handle.buffers[0].data_ptr()
+    handle.record_event(stuck)
+    handle.release()
+    events: list[FlagEvent] = []
+    handed: list[int] = []
+
+    def step() -> None:  # a stream whose copies complete four steps later
+        if len(events) >= 4:
+            events[-4].done = True
+        handle = pool.acquire(16)
+        handed.append(handle.buffers[0].data_ptr())
+        events.append(FlagEvent())
+        handle.record_event(events[-1])
+        handle.release()
+
+    for _ in range(AGE + 8):  # the stuck one leaves the young queue
+        step()
+    assert stuck_address not in handed
+    stuck.done = True  # ... and completes after all
+    handed.clear()
+    for _ in range(2 * AGE):  # the idle sweep asks the old queue in turn
+        step()
+    assert stuck_address in handed  # back, with no collect()
+
+
+def test_a_system_exit_raised_by_query_is_not_swallowed_by_a_poll() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(16)
+    handle.record_event(ScriptedEvent(False, SystemExit(3)))  # a SIGTERM handler's exit
+    handle.release()
+    with pytest.raises(SystemExit):
+        pool.acquire(16)  # a miss polls the parked buffer
+    assert pool.stats().parked == 1  # still parked
+    assert pool.outstanding() == []  # and the interrupted acquire took nothing

@@ -339,3 +339,15 @@ def test_a_dropped_pool_frees_its_buffers_with_the_collector_off(
         assert memory() is None
     finally:
         gc.enable()
+
+
+def test_memory_over_the_cap_is_gone_when_the_releases_return() -> None:
+    nbytes = (1 << 10) * 24
+    pool = BucketPool(max_cached_bytes=64 * KIB)
+    handles = [pool.acquire(1 << 10) for _ in range(16)]
+    memories = [weakref.ref(handle.buffers[0]._base) for handle in handles]
+    for handle in handles:
+        handle.release()
+    # No pool call since: what the cap does not keep is freed already.
+    alive = sum(memory() is not None for memory in memories)
+    assert alive == 64 * KIB // (nbytes + VIEW_SET_BYTES)

@@ -14,6 +14,7 @@ import time
 import types
 import typing
 import warnings
+import weakref
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Literal
 
@@ -107,6 +108,30 @@ def test_a_release_from_inside_the_pool_waits_in_the_inbox() -> None:
     assert handle.released
     assert pool.stats().cached_bytes == TRIPLE_16
     assert not any(b.inbox for b in pool._buckets)
+
+
+def test_a_queued_release_is_taken_back_by_the_call_that_leaves_the_pool() -> None:
+    pool = BucketPool(max_cached_bytes=0)  # a release keeps nothing
+    queued = pool.acquire(1 << 12)
+    memory = weakref.ref(queued.buffers[0]._base)
+    other = pool.acquire(16)
+    with pool._lock:  # as a finaliser that ran inside a move of this thread
+        queued.release()
+    assert memory() is not None  # queued, not yet taken back
+    other.release()  # any pool call's end takes it back: no later call needed
+    assert memory() is None
+
+
+def test_a_queued_release_keeps_no_dropped_pool_alive() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(1 << 12)
+    memory = weakref.ref(handle.buffers[0]._base)
+    with pool._lock:  # queued, as from a finaliser inside a move
+        handle.release()
+    dropped = weakref.ref(pool)
+    del handle, pool
+    assert dropped() is None
+    assert memory() is None
 
 
 def test_a_deferred_release_counts_as_released_at_once(pool: BucketPool) -> None:
@@ -221,16 +246,24 @@ class PoolInterrupts:
         self.armed = False
         self.count = 0
         self.sites: collections.Counter[str] = collections.Counter()
+        self.interval = 0.0  # the storm's timer: re-armed when this handler is done
 
     def __call__(self, signum: int, frame: types.FrameType | None) -> None:
-        if not self.armed or in_finaliser(frame) or not in_package(frame):
-            return
-        while frame is not None and not frame.f_code.co_filename.startswith(PACKAGE_DIR):
-            frame = frame.f_back
-        assert frame is not None
-        self.count += 1
-        self.sites[frame.f_code.co_name] += 1
-        raise KeyboardInterrupt
+        # One shot at a time, the next armed only as this handler ends: on a slow or busy
+        # machine the next signal never lands inside this one (which walks the stack),
+        # however long that took.
+        try:
+            if not self.armed or in_finaliser(frame) or not in_package(frame):
+                return
+            while frame is not None and not frame.f_code.co_filename.startswith(PACKAGE_DIR):
+                frame = frame.f_back
+            assert frame is not None
+            self.count += 1
+            self.sites[frame.f_code.co_name] += 1
+            raise KeyboardInterrupt
+        finally:
+            if self.interval:
+                signal.setitimer(signal.ITIMER_REAL, self.interval, 0)
 
 
 #: A storm runs until this many interrupts have landed inside the pool's code...
@@ -251,7 +284,8 @@ def storm(interrupt: PoolInterrupts, step: Callable[[int], None], interval: floa
     gc.collect()
     gc.disable()
     previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, interval, interval)
+    interrupt.interval = interval
+    signal.setitimer(signal.ITIMER_REAL, interval, 0)  # re-armed by the handler
     steps = 0
     try:
         with warnings.catch_warnings():
@@ -262,6 +296,7 @@ def storm(interrupt: PoolInterrupts, step: Callable[[int], None], interval: floa
             gc.enable()
             gc.collect()
     finally:
+        interrupt.interval = 0.0
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         signal.signal(signal.SIGALRM, previous)
         gc.enable()
