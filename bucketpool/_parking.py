@@ -16,8 +16,8 @@ already spent (the buffer retired, handed out and parked again by another thread
 moves nothing.  ``query()`` may raise anything: a poll for an unrelated acquire keeps the
 buffer parked and says nothing (the error is not that caller's); `collect` and
 `synchronize`, which ask about every parked buffer, raise the first error once they are
-done.  A `KeyboardInterrupt` or `SystemExit` is taken to be a signal handler's, and is raised at once in the thread
-it interrupted, the buffer still parked.
+done.  A `KeyboardInterrupt` or `SystemExit` is taken to be a signal handler's, and is
+raised at once in the thread it interrupted, the buffer still parked.
 """
 
 from __future__ import annotations
