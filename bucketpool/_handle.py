@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 
 from bucketpool import _fill, _guard, _parking, _verify
 from bucketpool._buckets import as_index
+from bucketpool._buffer import VIEW_SET_BYTES
 from bucketpool._errors import ReleaseError
 from bucketpool._inbox import take_back, warn
 from bucketpool._ledger import LEAK
@@ -194,7 +195,7 @@ class BufferHandle:
             # The hand-out's events and views are cleared by the move that takes the buffer
             # back, under the token check, so a late second release of this handle from another
             # thread cannot clear the next hand-out's.
-            views = buffer.views_cost()
+            views = (len(buffer.views) + (buffer.whole is not None)) * VIEW_SET_BYTES
             if owned():  # a finaliser or handler that interrupted a move: queued, not waited
                 self._token = 0  # from here to the append no signal handler can run
                 try:
