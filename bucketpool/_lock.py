@@ -3,11 +3,12 @@
 The locking rule
 ----------------
 One `threading.RLock`, shared by every pool in the process, guards every pool's ledger
-(`bucketpool._ledger`): its buckets, free lists, inbox, parked buffers, counters, and each
-buffer's ``token``.  It is taken in one place only, the ledger's moves, always with
-``with``, and a thread holds it for one move at a time: no code path holds it while it
-waits for anything else.  A locked section runs no user code (no ``event.query()``, no
-warning, no finaliser of ours), and at the default debug level it calls nothing and loops
+(`bucketpool._ledger`): its buckets, free lists, inbox, parking queues, counters, and each
+buffer's ``token``.  It is taken only in the moves, the ledger's and the parking queues'
+(`bucketpool._queues`), always with ``with``, and a thread holds it for one move at a
+time: no code path holds it while it waits for anything else.  A locked section runs no
+user code (no ``event.query()``, no warning, no finaliser of ours), and at the default
+debug level it calls nothing and loops
 nowhere: it is subscripts, attribute stores, arithmetic and comparisons, so that in CPython
 no signal handler can run inside it and the thread cannot give up the GIL in the middle of
 it.  (At the debug levels, the verification of a returned buffer -- numpy on the pool's own
