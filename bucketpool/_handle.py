@@ -8,6 +8,7 @@ buffer's, so a stale or forged handle can do nothing; releasing sets the handle'
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import typing
@@ -172,7 +173,10 @@ class BufferHandle:
             if events:
                 asked = tuple(events)  # a copy: a query() may record more events on this handle
                 try:
-                    pending = [event for event in asked if not event.query()]
+                    if len(asked) == 1:
+                        pending = [] if asked[0].query() else [asked[0]]
+                    else:
+                        pending = [event for event in asked if not event.query()]
                 except BaseException as caught:  # user code: the buffer stays parked; theirs
                     pending, error = list(events), caught
                 else:
@@ -296,7 +300,13 @@ class BufferHandle:
                 "record_event needs an object with a query() -> bool method "
                 f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
             )
-        if not _parking.record(self._live("record_event"), event, self._pool._level > 0):
+        buffer = self._buffer
+        token = self._token
+        if token <= 0 or buffer.token != token:
+            self._refuse("record_event")
+        if buffer.events is None and not self._pool._level:  # the first: nothing to ask
+            buffer.events = collections.deque((event,))
+        elif not _parking.record(buffer, event, self._pool._level > 0):
             self._refuse("record_event")  # an event's query() released this handle
 
     def add_copies(
