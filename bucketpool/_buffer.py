@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HELD",
     "LEAK",
+    "LEAK_TUPLE",
     "VIEW_SETS",
     "VIEW_SET_BYTES",
     "Bucket",
@@ -78,8 +79,10 @@ def new_tensor(size: int, dtype: torch.dtype, pin_memory: bool = False) -> torch
         return _empty(size, dtype=dtype, device="cpu", pin_memory=pin_memory)
 
 
-#: What a dropped holder's finaliser queues in place of pending events.
+#: What a dropped holder's finaliser queues in place of pending events: a handle's, and a
+#: compat tuple's (the advice in the warning differs).
 LEAK: Final = "leak"
+LEAK_TUPLE: Final = "leaked tuple"
 #: An entry of a bucket's inbox: the buffer, the token of the hand-out (minus it for a
 #: parked buffer whose events are done), and None, the events still pending, or `LEAK`.
 #: Last, the bytes of the views it keeps (`Buffer.views_cost`).

@@ -8,14 +8,13 @@ buffer's, so a stale or forged handle can do nothing; releasing sets the handle'
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import sys
 import typing
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 
-from bucketpool import _fill, _guard, _parking, _verify
+from bucketpool import _fill, _guard, _verify
 from bucketpool._buckets import as_index
 from bucketpool._buffer import VIEW_SET_BYTES
 from bucketpool._errors import ReleaseError
@@ -295,18 +294,11 @@ class BufferHandle:
             InFlightWriteError: (debug levels) the descriptors changed while an earlier
                 recorded copy could still read them; *event* was recorded all the same.
         """
-        if not callable(getattr(event, "query", None)):
-            raise TypeError(
-                "record_event needs an object with a query() -> bool method "
-                f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
-            )
         buffer = self._buffer
         token = self._token
         if token <= 0 or buffer.token != token:
             self._refuse("record_event")
-        if buffer.events is None and not self._pool._level:  # the first: nothing to ask
-            buffer.events = collections.deque((event,))
-        elif not _parking.record(buffer, event, self._pool._level > 0):
+        if not self._pool._record(buffer, event):
             self._refuse("record_event")  # an event's query() released this handle
 
     def add_copies(

@@ -13,7 +13,7 @@ import contextlib
 import warnings
 
 from bucketpool import _verify
-from bucketpool._buffer import Bucket, Entry
+from bucketpool._buffer import LEAK_TUPLE, Bucket, Entry
 from bucketpool._errors import LeakWarning
 from bucketpool._ledger import Leak, Ledger
 from bucketpool._policy import trim_to
@@ -65,17 +65,21 @@ def take_back(
 
 
 def _report_leak(leak: Leak, reported: set[object]) -> None:
-    n, code, lasti, where = leak
+    n, code, lasti, where, kind = leak
     line = _verify.line_of(where) or _verify.code_line(code, lasti)  # type: ignore[arg-type]
     key: object = line or n
     if key in reported:
         return
     reported.add(key)
     at = _verify.format_site(where if where is not None else line)  # type: ignore[arg-type]
+    advice = (
+        "Call pool.release(bufs) on every triple acquire() returned"
+        if kind is LEAK_TUPLE
+        else "Use 'with pool.acquire(n) as bufs:' or call handle.release()"
+    )
     warn(
-        f"a bucketpool buffer of n={n} was never released; acquired at {at}. Use 'with "
-        "pool.acquire(n) as bufs:' or call handle.release(); the buffer went back to the "
-        "pool (reported once per acquire site)",
+        f"a bucketpool buffer of n={n} was never released; acquired at {at}. {advice}; the "
+        "buffer went back to the pool (reported once per acquire site)",
         LeakWarning,
         line,
     )

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from bucketpool._buffer import HELD, LEAK, Bucket, Buffer, Entry
+from bucketpool._buffer import HELD, LEAK, LEAK_TUPLE, Bucket, Buffer, Entry
 from bucketpool._lock import LOCK
 from bucketpool._queues import Parking, Queues
 from bucketpool._types import CompletionEvent
@@ -33,6 +33,7 @@ __all__ = [
     "EMPTY",
     "HELD",
     "LEAK",
+    "LEAK_TUPLE",
     "NEEDS_HOLDER",
     "SETTLE",
     "SWEEP",
@@ -59,7 +60,7 @@ TOTALS = (
     *("tick", "view_bytes"),
 )
 #: A leak, as `settle` saw it: the hand-out's n, the acquire's code and instruction, site.
-Leak = tuple[int, object, int, object]
+Leak = tuple[int, object, int, object, object]
 #: What `settle` did, for its caller outside the lock: buffer, outcome, leak, problem.
 Settled = tuple["Buffer | None", str, "Leak | None", "str | None"]
 _NOTHING: Final = (None, "nothing", None, None)
@@ -272,7 +273,7 @@ class Ledger:
                 if entry is None:
                     del inbox[0]
                 return _NOTHING
-            leaked = state is LEAK
+            leaked = state is LEAK or state is LEAK_TUPLE
             events = None if token < 0 else buffer.events if leaked else state
             nbytes = bucket.nbytes
             parked = self.parked_bytes - nbytes if token < 0 else self.parked_bytes
@@ -303,7 +304,7 @@ class Ledger:
                 self.active_bytes -= nbytes
                 if leaked:
                     self.leaks += 1
-                    leak = (buffer.n, buffer.code, buffer.lasti, buffer.site)
+                    leak = (buffer.n, buffer.code, buffer.lasti, buffer.site, state)
             else:  # a parked buffer retires: its events are done
                 self.parked[k] -= 1
                 self.parked_bytes = parked

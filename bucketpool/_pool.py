@@ -10,6 +10,7 @@ checks, `bucketpool._verify`'s and `bucketpool._guard`'s.
 
 from __future__ import annotations
 
+import collections
 import sys
 import typing
 import weakref
@@ -27,7 +28,15 @@ from bucketpool._handle import BufferHandle
 from bucketpool._inbox import drain, warn
 from bucketpool._ledger import CACHE, EMPTY, SWEEP, Ledger
 from bucketpool._lock import LATE, LOCK, owned, reentered
-from bucketpool._parking import POLL_BUDGET, all_done, poll, poll_old, settle_parked, wait
+from bucketpool._parking import (
+    POLL_BUDGET,
+    all_done,
+    poll,
+    poll_old,
+    record,
+    settle_parked,
+    wait,
+)
 from bucketpool._policy import check_reserve, sweep_idle, trim_to
 from bucketpool._refill import serve_slowly
 from bucketpool._settings import DEBUG_LEVELS, DebugLevel, Settings, resolve_settings
@@ -400,6 +409,26 @@ class BucketPool:
         self._outside("stats")
         self._drain()
         return build_stats(self._buckets, self._ledger.snapshot())
+
+    def _record(self, buffer: Buffer, event: CompletionEvent) -> bool:
+        """(a holder's `record_event`) Add *event* to *buffer*'s live hand-out.
+
+        Returns False, having recorded nothing, if the hand-out ended meanwhile (an earlier
+        event's ``query()`` released it).
+
+        Raises:
+            TypeError: *event* has no ``query()`` method.
+            InFlightWriteError: (debug levels) see `BufferHandle.record_event`.
+        """
+        if not callable(getattr(event, "query", None)):
+            raise TypeError(
+                "record_event needs an object with a query() -> bool method "
+                f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
+            )
+        if buffer.events is None and not self._level:  # the first: nothing to ask
+            buffer.events = collections.deque((event,))
+            return True
+        return record(buffer, event, self._level > 0)
 
     def reset_peak_stats(self) -> None:
         """Set every peak to its current value.

@@ -37,8 +37,10 @@ DTYPES = (torch.int64, torch.uint64)
 IntArray: TypeAlias = npt.NDArray[np.integer[Any]]
 #: ``(src, dst, sizes)``: three 1-D int64 or uint64 arrays of one length, written in place.
 DescriptorArrays: TypeAlias = tuple[IntArray, IntArray, IntArray]
-#: What the fills accept for a column of values.
-IntegerInput: TypeAlias = IntArray | torch.Tensor | Sequence[int]
+#: What the fills accept for a column of values: a numpy array of any integer dtype, a CPU
+#: integer tensor, or a sequence (list, tuple, range) of ints and numpy integer scalars.
+#: Bools are refused at run time, but ``bool`` is an ``int`` to a type checker.
+IntegerInput: TypeAlias = IntArray | torch.Tensor | Sequence[int | np.integer[Any]]
 
 
 class CompletionEvent(Protocol):
@@ -61,6 +63,8 @@ class PoolCore(Protocol):
     _level: int  # the debug level's index: 0 off, 1 checks, 2 strict
     _ledger: Any  # its `bucketpool._ledger.Ledger` (not imported: this module is the ground)
     _reported: set[object]  # the acquire sites whose leaks were reported
+
+    def _record(self, buffer: Any, event: CompletionEvent) -> bool: ...  # `record_event`
 
     @property
     def _self_ref(self) -> Callable[[], object]: ...  # a weak reference to itself
@@ -95,6 +99,8 @@ class ViewOwner(Protocol):
 
     def shrink_views(self, views: DescriptorBuffers, count: SupportsIndex) -> DescriptorBuffers: ...
 
+    def record_on(self, views: DescriptorBuffers, event: CompletionEvent) -> None: ...
+
 
 class DescriptorBuffers(NamedTuple):
     """The three descriptor tensors one `swap_blocks_batch` call takes.
@@ -102,8 +108,8 @@ class DescriptorBuffers(NamedTuple):
     Each is a 1-D contiguous CPU tensor of the pool's dtype and exactly ``n`` entries, a
     zero-copy view of one of the pool's buffers.  Unpack it as ``src, dst, sizes = bufs``
     or use the fields.  The views that ``with pool.acquire(n) as bufs:`` binds also fill
-    themselves: `add_copies`, `add_block_copies` and `shrink` behave as the handle's
-    methods of the same names, for as long as the hand-out lasts.
+    themselves: `add_copies`, `add_block_copies`, `shrink` and `record_event` behave as the
+    handle's methods of the same names, for as long as the hand-out lasts.
     """
 
     src_ptrs: torch.Tensor
@@ -171,6 +177,17 @@ class DescriptorBuffers(NamedTuple):
             ValueError: *count* is negative or above ``n``.
         """
         return _owner(self, "shrink").shrink_views(self, count)
+
+    def record_event(self, event: CompletionEvent) -> None:
+        """Keep the buffer out of reuse until *event* reports done; see `BufferHandle.record_event`.
+
+        Raises:
+            ReleaseError: the hand-out these views belong to is over.
+            TypeError: these views were not handed out by a pool, or *event* has no
+                ``query()`` method.
+            InFlightWriteError: (debug levels) as for `BufferHandle.record_event`.
+        """
+        _owner(self, "record_event").record_on(self, event)
 
 
 def _owner(views: DescriptorBuffers, operation: str) -> ViewOwner:

@@ -7,12 +7,13 @@ then checks that the views are still the live hand-out's, then writes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, SupportsIndex
 
 from bucketpool import _fill
 from bucketpool._buckets import as_index
 from bucketpool._errors import ReleaseError
-from bucketpool._types import DescriptorArrays, DescriptorBuffers, IntegerInput
+from bucketpool._types import CompletionEvent, DescriptorArrays, DescriptorBuffers, IntegerInput
 
 if TYPE_CHECKING:
     from bucketpool._types import Views
@@ -38,6 +39,8 @@ class _Owner(Protocol):
     def bucket(self) -> _Bucket: ...
     @property
     def arrays(self) -> DescriptorArrays: ...
+    @property
+    def pool_ref(self) -> Callable[[], object] | None: ...
     def narrow(self, views: DescriptorBuffers, count: int) -> None: ...
     def check_live(self: _Owner, views: DescriptorBuffers, operation: str, token: int) -> None: ...
 
@@ -96,6 +99,15 @@ class ViewFills:
             )
         self.narrow(views, k)
         return views
+
+    def record_on(self: _Owner, views: DescriptorBuffers, event: CompletionEvent) -> None:
+        """`DescriptorBuffers.record_event`: the handle's, through the pool that handed out."""
+        token = self.token
+        self.check_live(views, "record_event", token)
+        pool = self.pool_ref() if self.pool_ref is not None else None
+        if pool is None or not pool._record(self, event):  # type: ignore[attr-defined]
+            self.check_live(views, "record_event", token)  # a query() ended it: refused
+            raise ReleaseError("record_event: the pool that handed these views out is gone")
 
     def check_live(self: _Owner, views: DescriptorBuffers, operation: str, token: int) -> None:
         """Refuse *operation* unless *views* are the live hand-out's, *token*'s."""

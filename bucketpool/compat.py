@@ -28,7 +28,7 @@ from bucketpool import _fill, _verify
 from bucketpool._buckets import check_count
 from bucketpool._buffer import Buffer
 from bucketpool._errors import ReleaseError
-from bucketpool._ledger import HELD, LEAK
+from bucketpool._ledger import HELD, LEAK_TUPLE
 from bucketpool._lock import LATE, inside, owned, reentered
 from bucketpool._pool import BucketPool
 from bucketpool._refill import serve_slowly
@@ -62,10 +62,12 @@ class AliasedDescriptorBuffers(NamedTuple):
         sources: IntegerInput,
         destinations: IntegerInput,
         byte_counts: IntegerInput | SupportsIndex,
-    ) -> None:
+    ) -> int:
         """Write ``len(sources)`` copies at ``[first, first + len(sources))``.
 
-        The same checks as `BufferHandle.add_copies`; a failed call writes nothing.
+        The same checks as `BufferHandle.add_copies`; a failed call writes nothing.  Returns
+        the next free entry, ``first + len(sources)`` (vLLM's returns None): pass exactly
+        the entries written, ``bufs.src_ptrs[:end]``.
 
         Raises:
             CapacityError: the copies do not fit in the triple's entries; it is both an
@@ -73,7 +75,7 @@ class AliasedDescriptorBuffers(NamedTuple):
             ValueError: lengths differ, or a byte count is negative.
             TypeError: an input is not integer.
         """
-        _fill.add_copies(
+        return _fill.add_copies(
             (self.src_np, self.dst_np, self.sizes_np), first, sources, destinations, byte_counts
         )
 
@@ -112,7 +114,7 @@ class _Holding:
             return
         buffer, token = record
         buffer.bucket.inbox.append(
-            (buffer, token, LEAK, buffer.views_cost())
+            (buffer, token, LEAK_TUPLE, buffer.views_cost())
         )  # as a BufferHandle's finaliser
         HELD.pop(id(self), None)  # after the append: from it on, the pool has the buffer
         pool = buffer.pool_ref() if buffer.pool_ref is not None else None
@@ -123,13 +125,39 @@ class _Holding:
                 pool._drain()
 
 
+def _held_add_copies(
+    self: _HeldBuffers | _HeldAliasedBuffers,
+    first: SupportsIndex,
+    sources: IntegerInput,
+    destinations: IntegerInput,
+    byte_counts: IntegerInput | SupportsIndex,
+) -> int:
+    """Write copies into the tuple's entries ``[first, first + k)``; return ``first + k``.
+
+    The same checks as `BufferHandle.add_copies`; a failed call writes nothing.
+
+    Raises:
+        ReleaseError: the tuple was released (its buffer may be another's now).
+        CapacityError, ValueError, TypeError: as for `BufferHandle.add_copies`.
+    """
+    record = HELD.get(id(self))
+    if record is None:
+        raise ReleaseError(
+            f"add_copies: this {type(self).__name__} was released; its buffer may be handed "
+            "out again. Write descriptors before pool.release(bufs), or acquire a new triple"
+        )
+    return _fill.add_copies(record[0].arrays, first, sources, destinations, byte_counts)
+
+
 # The tuples the adapters hand out: the public classes, one object per hand-out.
 class _HeldBuffers(DescriptorBuffers, _Holding):
     __slots__ = ()
+    add_copies = _held_add_copies
 
 
 class _HeldAliasedBuffers(AliasedDescriptorBuffers, _Holding):
     __slots__ = ()
+    add_copies = _held_add_copies
 
 
 for _held, _public in (

@@ -220,7 +220,7 @@ def test_aliased_fields_in_order_and_shared_memory() -> None:
 def test_aliased_add_copies_has_the_upstream_meaning() -> None:
     pool = AliasedDescriptorBufferPool()
     bufs = pool.acquire(4)
-    assert bufs.add_copies(1, [100, 200], np.array([300, 400]), 64) is None
+    assert bufs.add_copies(1, [100, 200], np.array([300, 400]), 64) == 3  # the next entry
     assert bufs.src_ptrs[1:3].tolist() == [100, 200]
     assert bufs.dst_np[1:3].tolist() == [300, 400]
     assert bufs.sizes_np[1:3].tolist() == [64, 64]
@@ -523,3 +523,23 @@ def test_a_second_compat_release_winning_at_any_line_leaves_one_holder(
     while _race_at_line(line):
         line += 1
     assert line > 5  # the release's lines were stepped through
+
+
+@pytest.mark.parametrize("adapter", [DescriptorBufferPool, AliasedDescriptorBufferPool])
+def test_both_tuples_add_copies_and_return_the_next_free_entry(
+    adapter: type[DescriptorBufferPool | AliasedDescriptorBufferPool],
+) -> None:
+    pool: typing.Any = adapter()
+    bufs = pool.acquire(5)
+    bufs.sizes.fill_(99)  # what a previous holder left
+    end = bufs.add_copies(0, [4096, 8192], np.array([12288, 16384]), 64)
+    assert end == 2
+    assert bufs.src_ptrs[:end].tolist() == [4096, 8192]
+    assert bufs.sizes[:end].tolist() == [64, 64]
+    assert bufs.sizes[end:5].tolist() == [99] * 3  # untouched: pass [:end] only
+    pool.release(bufs)
+    with pytest.raises(ReleaseError, match="released"):
+        bufs.add_copies(0, [1], [2], 3)  # the buffer may be another's now
+    again = pool.acquire(5)
+    assert again.src_ptrs[:2].tolist() == [4096, 8192]  # the refused write wrote nothing
+    pool.release(again)

@@ -16,6 +16,7 @@ from bucketpool import (
     BucketPool,
     BufferHandle,
     CompletionEvent,
+    DebugLevel,
     ReleaseError,
 )
 from bucketpool._parking import AGE, POLL_BUDGET
@@ -719,3 +720,21 @@ def test_a_system_exit_raised_by_query_is_not_swallowed_by_a_poll() -> None:
         pool.acquire(16)  # a miss polls the parked buffer
     assert pool.stats().parked == 1  # still parked
     assert pool.outstanding() == []  # and the interrupted acquire took nothing
+
+
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+def test_the_views_record_events_as_the_handle_does(level: DebugLevel) -> None:
+    pool = BucketPool(debug=level)
+    event = FlagEvent()
+    with pool.acquire(16) as bufs:
+        address = bufs[0].data_ptr()
+        bufs.record_event(event)  # no handle needed
+        with pytest.raises(TypeError, match="query"):
+            bufs.record_event(object())  # type: ignore[arg-type]
+    assert pool.stats().parked == 1  # parked at the block's end, as for handle.record_event
+    with pool.acquire(16) as other:
+        assert other[0].data_ptr() != address  # not reused while the copy may read it
+    with pytest.raises(ReleaseError, match="record_event"):
+        bufs.record_event(FlagEvent())  # the hand-out is over
+    event.done = True
+    assert pool.collect() == 1

@@ -19,7 +19,7 @@ from bucketpool import (
     LeakWarning,
     OutstandingBuffer,
 )
-from bucketpool.compat import DescriptorBufferPool
+from bucketpool.compat import AliasedDescriptorBufferPool, DescriptorBufferPool
 from bucketpool.testing import assert_no_outstanding
 
 
@@ -382,3 +382,20 @@ def test_no_site_without_tracing(pool: BucketPool) -> None:
     handle = pool.acquire(5)
     assert handle.acquired_at is None
     handle.release()
+
+
+@pytest.mark.parametrize("adapter", [DescriptorBufferPool, AliasedDescriptorBufferPool])
+def test_a_leaked_compat_tuple_is_told_to_release_through_the_pool(
+    adapter: type[DescriptorBufferPool | AliasedDescriptorBufferPool],
+) -> None:
+    pool = adapter()
+    with pytest.warns(LeakWarning, match=r"Call pool\.release\(bufs\)") as caught:
+        pool.acquire(8)  # dropped at once: reported right here (no collector needed)
+    assert "with pool.acquire" not in str(caught[0].message)  # no advice it cannot follow
+    assert caught[0].filename == __file__
+    assert pool.pool.outstanding() == []
+
+
+def test_a_leaked_handle_is_told_to_use_with_or_release(pool: BucketPool) -> None:
+    with pytest.warns(LeakWarning, match=r"with pool\.acquire\(n\) as bufs:.*handle\.release"):
+        pool.acquire(8)

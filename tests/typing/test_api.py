@@ -192,7 +192,7 @@ def check_compat(n: int, handle: BufferHandle, event: Event) -> None:
     assert_type(aliased.src_np, NDArray)
     assert_type(aliased.dst_np, NDArray)
     assert_type(aliased.sizes_np, NDArray)
-    assert_type(aliased.add_copies(0, np.array([1], np.uint64), np.array([2]), np.array([8])), None)
+    assert_type(aliased.add_copies(0, np.array([1], np.uint64), np.array([2]), np.array([8])), int)
     assert_type(aliased_pool.release(aliased, event=event), None)
     assert_type(aliased_pool.pool, BucketPool)
     aliased_pool.release(bufs)  # type: ignore[arg-type]  # a three-field tuple

@@ -14,6 +14,7 @@ import sys
 import typing
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 import bucketpool
@@ -96,7 +97,7 @@ def check_compat_counts(n: Count, first: np.intp) -> None:
     pool = DescriptorBufferPool()
     assert_type(pool.acquire(n), DescriptorBuffers)
     aliased = AliasedDescriptorBufferPool().acquire(n)
-    assert_type(aliased.add_copies(first, np.arange(2), np.arange(2), np.int64(8)), None)
+    assert_type(aliased.add_copies(first, np.arange(2), np.arange(2), np.int64(8)), int)
 
 
 def check_settings(pool: BucketPool, level: DebugLevel) -> None:
@@ -122,3 +123,95 @@ def check_settings(pool: BucketPool, level: DebugLevel) -> None:
     settings.max_cached_bytes = 0  # type: ignore[misc]  # frozen
     settings.debug = "off"  # type: ignore[misc]
     del wrong
+
+
+def check_integer_columns(
+    pool: BucketPool,
+    int64s: list[np.int64],
+    int32s: list[np.int32],
+    uint64s: list[np.uint64],
+    mixed: list[int | np.integer[typing.Any]],
+    indices: tuple[np.intp, ...],
+    ints: tuple[int, ...],
+    tensor: torch.Tensor,
+) -> None:
+    # A column is a sequence of ints and numpy integer scalars (what iterating or indexing a
+    # numpy array gives), a numpy array of any integer dtype, or a tensor.
+    handle = pool.acquire(8)
+    assert_type(handle.add_copies(0, int64s, int32s, uint64s), int)
+    assert_type(handle.add_copies(0, mixed, indices, ints), int)
+    assert_type(
+        handle.add_copies(
+            0, [np.int64(1), np.int64(2)], [np.int32(3), np.int32(4)], [np.uint64(8), 8]
+        ),
+        int,
+    )
+    assert_type(handle.add_copies(0, [1, np.int64(2)], (np.uint8(3), 4), range(8, 10)), int)
+    assert_type(handle.add_copies(0, range(2), tuple(range(2)), np.int64(8)), int)
+    assert_type(
+        handle.add_copies(0, np.zeros(2, np.int8), np.zeros(2, np.int16), np.ones(2, np.int32)),
+        int,
+    )
+    assert_type(
+        handle.add_copies(0, np.zeros(2, np.uint8), np.zeros(2, np.uint16), np.ones(2, np.uint32)),
+        int,
+    )
+    assert_type(handle.add_copies(0, np.zeros(2, np.uint64), np.zeros(2, np.intp), tensor), int)
+    assert_type(handle.add_block_copies(0, 0, 4096, int64s, int32s, 64), int)
+    assert_type(handle.add_block_copies(0, 0, 4096, [np.intp(1), 2], range(2), 64), int)
+    assert_type(handle.add_block_copies(0, 0, 4096, uint64s, mixed, 64), int)
+    assert_type(
+        handle.add_block_copies(0, 0, 4096, np.zeros(2, np.uint64), np.zeros(2, np.int8), 64),
+        int,
+    )
+    with pool.acquire(8) as bufs:
+        assert_type(bufs.add_copies(0, int64s, [np.uint32(1)], uint64s), int)
+        assert_type(bufs.add_block_copies(0, 0, 4096, int32s, indices, 64), int)
+    compat = DescriptorBufferPool().acquire(8)
+    compat.add_copies(0, int64s, uint64s, int32s)
+    aliased = AliasedDescriptorBufferPool().acquire(8)
+    aliased.add_copies(0, [np.int64(1)], range(1), [np.uint64(8)])
+    aliased.add_copies(0, mixed, indices, np.zeros(1, np.int16))
+
+
+def check_non_integer_columns(
+    pool: BucketPool,
+    floats: list[float],
+    numpy_floats: list[np.float64],
+    strings: list[str],
+    numpy_bools: list[np.bool_],
+    zero_d: list[npt.NDArray[np.int64]],
+    tensors: list[torch.Tensor],
+    bool_array: npt.NDArray[np.bool_],
+    float_array: npt.NDArray[np.float64],
+    objects: list[object],
+) -> None:
+    # Each is refused at run time too.  (What passes the type check but is refused at run
+    # time: bools, ``[True]``, since ``bool`` is an ``int``; ``bytes``, a ``Sequence[int]``;
+    # and, for byte_counts only, any array, which numpy's stubs make a `SupportsIndex`.  A
+    # list of 0-d integer tensors runs but is not typed.)
+    handle = pool.acquire(8)
+    handle.add_copies(0, floats, [1], 8)  # type: ignore[arg-type]
+    handle.add_copies(0, [1], numpy_floats, 8)  # type: ignore[arg-type]
+    handle.add_copies(0, [1], [2], strings)  # type: ignore[arg-type]
+    handle.add_copies(0, numpy_bools, [1], 8)  # type: ignore[arg-type]
+    handle.add_copies(0, zero_d, [1], 8)  # type: ignore[arg-type]
+    handle.add_copies(0, tensors, [1], 8)  # type: ignore[arg-type]
+    handle.add_copies(0, bool_array, [1], 8)  # type: ignore[arg-type]
+    handle.add_copies(0, [1], float_array, 8)  # type: ignore[arg-type]
+    handle.add_copies(0, objects, [1], 8)  # type: ignore[arg-type]
+    handle.add_copies(0, "12", [1, 2], 8)  # type: ignore[arg-type]
+    handle.add_copies(0, {1, 2}, [1, 2], 8)  # type: ignore[arg-type]
+    handle.add_copies(0, [1.0, 2.0], [1, 2], 8)  # type: ignore[list-item]
+    handle.add_copies(0, [1, 2], [3, "4"], 8)  # type: ignore[list-item]
+    handle.add_copies(0, [1, 2], [3, 4], [np.bool_(True), 8])  # type: ignore[list-item]
+    handle.add_block_copies(0, 0, 0, floats, [1], 64)  # type: ignore[arg-type]
+    handle.add_block_copies(0, 0, 0, [1], numpy_bools, 64)  # type: ignore[arg-type]
+    handle.add_block_copies(0, 0, 0, float_array, [1], 64)  # type: ignore[arg-type]
+    handle.add_block_copies(0, 0, 0, [0.5], [1], 64)  # type: ignore[list-item]
+    with pool.acquire(8) as bufs:
+        bufs.add_copies(0, numpy_floats, [1], 8)  # type: ignore[arg-type]
+        bufs.add_block_copies(0, 0, 0, [1], strings, 64)  # type: ignore[arg-type]
+    aliased = AliasedDescriptorBufferPool().acquire(8)
+    aliased.add_copies(0, floats, [1], 8)  # type: ignore[arg-type]
+    aliased.add_copies(0, [1], bool_array, 8)  # type: ignore[arg-type]
