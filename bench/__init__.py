@@ -15,7 +15,7 @@ data), ``_runner`` (rounds until the verdicts settle), ``_report`` (the table), 
 Dependency-free beyond numpy and, for ``--plot``, matplotlib: pyperf and pytest-benchmark
 time one function per worker process or test, and cannot pair rounds of three pools in one
 process, which is what cancels the load of a shared machine; a progress bar adds nothing to
-one line per step on stderr.
+one progress line on stderr.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """The command line, ``python -m bench``: arguments, the run, the exit status.
 
+Stdout gets the report: a one-screen summary, or every figure with ``--verbose``; the
+line saying what ``--check`` exits with, and why, only with ``--check``.  Stderr gets the
+progress: one line rewritten in place on a terminal, a line per step elsewhere (a CI log).
+
 Exit status: 0 after a run without ``--check``.  With ``--check``: 0 when every promise
 holds (PASS); 1 when a promise FAILs; 3 when none FAILs but one is UNSURE (its interval
 straddles the bound) or LOADED (measured on a loaded machine): a verdict that could not be
@@ -91,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="run the three pools on a trace file ('acquire N' / 'release ID' lines)",
     )
+    bench.add_argument(
+        "--verbose", action="store_true", help="report every figure of every case and every check"
+    )
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--plot", metavar="PATH.png", help=f"also draw a PNG (needs {_PLOT_EXTRA})")
     bench.add_argument(
@@ -128,8 +135,17 @@ def _unwritable(paths: Sequence[str | None]) -> str | None:
 
 
 def _progress(start: float) -> Progress:
+    """Report to stderr: on a terminal one line, rewritten, that "done" ends."""
+    tty = sys.stderr.isatty()
+
     def report(message: str) -> None:
-        print(f"bench {time.perf_counter() - start:6.1f}s {message}", file=sys.stderr, flush=True)
+        line = f"bench {time.perf_counter() - start:6.1f}s {message}"
+        if tty:
+            line = f"\r\x1b[K{line}" + ("\n" if message.startswith("done") else "")
+        else:
+            line += "\n"
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
     return report
 
@@ -166,17 +182,17 @@ def bench_command(args: argparse.Namespace) -> int:
             traces = select_traces(traces, selections)
     progress = _progress(time.perf_counter())
     result = run_benchmark(settings, build_cases(settings, traces, kinds), progress=progress)
-    sys.stdout.write(render_table(result))
-    sys.stdout.flush()
     if args.json is not None:
         write_json(result, args.json)
-        progress(f"wrote {args.json}")
     if args.plot is not None:
         from bench._plot import plot  # matplotlib, imported only when asked for
 
         plot(result, args.plot)
-        progress(f"wrote {args.plot}")
-    progress("done")
+    written = [path for path in (args.json, args.plot) if path is not None]
+    progress("done" + "".join(f", wrote {path}" for path in written))
+    report = render_table(result, verbose=args.verbose, check=args.check, strict=args.strict_check)
+    sys.stdout.write(report)
+    sys.stdout.flush()
     if args.check or args.strict_check:
         return exit_status(result.checks, strict=args.strict_check)
     return 0

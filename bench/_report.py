@@ -1,5 +1,7 @@
 """The report printed on stdout: the figures, then the promises and the goals with verdicts.
 
+By default a one-screen summary: the traces' figures, the fills' rates and one row per
+target with its worst case; with ``verbose`` every figure of every case and every check.
 The table, ``--json`` (``_json``) and ``--plot`` (``_plot``) all come from one
 `bench._runner.BenchResult`, so they always agree.  Plain ``str`` formatting (it must read
 the same in a CI log as in a terminal).
@@ -13,9 +15,9 @@ import typing
 from collections.abc import Mapping, Sequence
 
 from bench._cases import TraceCase
-from bench._fills import FillsCase
+from bench._fills import FILL_COPIES, FillsCase
 from bench._runner import BenchResult
-from bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit
+from bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit, Verdict
 from bench._targets import CHECK_FAILED, CHECK_UNSURE, Check, Kind, TargetSpec, exit_status
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "RATIOS",
     "format_bytes",
     "format_measurement",
+    "format_rate",
     "format_value",
     "matplotlib_available",
     "render_table",
@@ -41,11 +44,18 @@ RATIOS = (
     "(throughputs, setitem/add_copies)."
 )
 _KINDS: tuple[Kind, ...] = ("promise", "goal")
+#: Verdicts, worst first: the order of a summary row's counts and of its worst case.
+_VERDICTS: tuple[Verdict, ...] = ("FAIL", "UNSURE", "LOADED", "PASS")
+_PAIR = "(original / bucketpool)"
 _HEADINGS: dict[Kind, str] = {
     "promise": "PROMISES: what the README claims; --check exits 1 when one FAILs, 3 when one is "
     "UNSURE or LOADED",
     "goal": "GOALS: speed aimed for; reported, never failing --check (--strict-check: judged)",
 }
+_TARGETS_HEADING = (
+    "TARGETS, one row each with its worst case (--verbose: every case): --check judges the "
+    "promises; goals are reported only"
+)
 
 
 def format_bytes(count: float) -> str:
@@ -72,6 +82,14 @@ def format_value(value: float, unit: Unit) -> str:
     if unit == "%":
         return f"{value:,.2g}%" if abs(value) < 10 else f"{value:,.0f}%"
     return f"{value:,.0f}"
+
+
+def format_rate(per_s: float) -> str:
+    """Format a rate with an SI prefix, 3 significant digits: ``230k/s``, ``1.51G/s``."""
+    for prefix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if per_s >= scale:
+            return f"{per_s / scale:.3g}{prefix}/s"
+    return f"{per_s:.3g}/s"
 
 
 def format_measurement(measurement: Measurement) -> str:
@@ -108,7 +126,7 @@ def _compat_cell(figures: Mapping[str, Measurement]) -> str:
     return f"not timed: refused {figures['compat refusals'].value:,.0f} calls"
 
 
-def _trace_table(result: BenchResult, traces: Sequence[TraceCase]) -> list[str]:
+def _trace_table(result: BenchResult, traces: Sequence[TraceCase], *, verbose: bool) -> list[str]:
     rows: list[tuple[str, ...]] = [
         (
             "trace",
@@ -120,7 +138,7 @@ def _trace_table(result: BenchResult, traces: Sequence[TraceCase]) -> list[str]:
             "peak bytes",
             "final bytes",
         ),
-        ("", "", "", "", "", "(original / bucketpool)", "", ""),
+        ("", "", "", "", "", _PAIR, _PAIR, _PAIR),
     ]
     for case in traces:
         figures = result.figures[case.name]
@@ -136,7 +154,8 @@ def _trace_table(result: BenchResult, traces: Sequence[TraceCase]) -> list[str]:
                 _pair(figures, "final bytes"),
             )
         )
-    return _columns(rows, (False, True, True, True, True, True, True, True))
+    keep = range(8) if verbose else (0, 2, 3, 4, 6)  # the summary: no rounds, allocs, final
+    return _columns([[row[i] for i in keep] for row in rows], [i > 0 for i in keep])
 
 
 def _case_table(result: BenchResult, names: Sequence[str]) -> list[str]:
@@ -149,15 +168,25 @@ def _case_table(result: BenchResult, names: Sequence[str]) -> list[str]:
     return _columns(rows, (False, True, False, True))
 
 
+def _copies_per_s(result: BenchResult, fills: FillsCase, name: str) -> str:
+    ns = result.figures[fills.name][f"{name} ns/call"].value
+    return format_rate(FILL_COPIES * 1e9 / ns) if ns else "-"
+
+
 def _fill_table(result: BenchResult, fills: FillsCase) -> list[str]:
     figures = result.figures[fills.name]
-    rows: list[tuple[str, ...]] = [("fill", "descriptors", "ns/call [95% interval]", "desc/s")]
+    header = ("fill", "descriptors", "ns/call [95% interval]", f"copies/s ({FILL_COPIES:,}/call)")
+    rows: list[tuple[str, ...]] = [header]
     for name, label in fills.labels.items():
-        measured = figures[f"{name} ns/call"]
-        count = fills.descriptors[name]
-        rate = f"{count * 1e3 / measured.value:,.1f} M" if measured.value else "-"
-        rows.append((label, f"{count:,}", format_measurement(measured), rate))
+        measured = format_measurement(figures[f"{name} ns/call"])
+        count = f"{fills.descriptors[name]:,}"
+        rows.append((label, count, measured, _copies_per_s(result, fills, name)))
     return _columns(rows, (False, True, True, True))
+
+
+def _fill_line(result: BenchResult, fills: FillsCase) -> str:
+    rates = (f"{name} {_copies_per_s(result, fills, name)}" for name in fills.labels)
+    return f"fills, {FILL_COPIES:,} copies per call: {', '.join(rates)}"
 
 
 def _verdict_text(check: Check) -> str:
@@ -201,31 +230,50 @@ def _target_table(checks: Sequence[Check], kind: Kind) -> list[str]:
     return [_HEADINGS[kind], *_columns([header, *rows], (False, True, True, False))]
 
 
+def _summary_table(checks: Sequence[Check]) -> list[str]:
+    """One row per target: its worst case (worst verdict, then farthest past the bound)."""
+    groups: dict[TargetSpec, list[Check]] = {}
+    for check in checks:
+        groups.setdefault(check.spec, []).append(check)
+    header = ("", "figure", "worst case", "value [95% interval]", "bound", "verdicts")
+    rows: list[tuple[str, ...]] = [header]
+    for spec, group in groups.items():
+        sign = 1 if spec.op == ">=" else -1
+        worst = min(group, key=lambda c: (_VERDICTS.index(c.verdict), sign * c.measurement.value))
+        counts = collections.Counter(check.verdict for check in group)
+        verdicts = ", ".join(f"{counts[v]} {v}" for v in _VERDICTS if counts[v])
+        bound = f"{spec.op} {format_value(spec.limit, worst.measurement.unit)}"
+        measured = format_measurement(worst.measurement)
+        rows.append((spec.kind, spec.figure, worst.case, measured, bound, verdicts))
+    return _columns(rows, (False, False, False, True, True, False))
+
+
 def _counts(checks: Sequence[Check], kind: Kind) -> str:
     counts = collections.Counter(check.verdict for check in checks if check.spec.kind == kind)
     return ", ".join(f"{counts[v]} {v}" for v in ("PASS", "FAIL", "UNSURE", "LOADED"))
 
 
-def _exit_line(checks: Sequence[Check]) -> str:
-    status = exit_status(checks)
-    promises = [check for check in checks if check.spec.kind == "promise"]
+def _exit_line(checks: Sequence[Check], *, strict: bool) -> str:
+    status = exit_status(checks, strict=strict)
+    flag, what = ("--strict-check", "target") if strict else ("--check", "promise")
+    judged = [check for check in checks if strict or check.spec.kind == "promise"]
     if status == CHECK_FAILED:
-        failed = ", ".join(c.name for c in promises if c.verdict == "FAIL")
-        return f"--check: exit {status}, a promise FAILs: {failed}"
+        failed = ", ".join(c.name for c in judged if c.verdict == "FAIL")
+        return f"{flag}: exit {status}, a {what} FAILs: {failed}"
     if status == CHECK_UNSURE:
-        unsure = ", ".join(c.name for c in promises if c.verdict in ("UNSURE", "LOADED"))
-        return f"--check: exit {status}, no promise FAILs but some could not be judged: {unsure}"
-    if not promises:
-        return f"--check: exit {status}, no promise applies to the cases run"
-    return f"--check: exit {status}, every promise holds"
+        unsure = ", ".join(c.name for c in judged if c.verdict in ("UNSURE", "LOADED"))
+        return f"{flag}: exit {status}, no {what} FAILs but some could not be judged: {unsure}"
+    if not judged:
+        return f"{flag}: exit {status}, no {what} applies to the cases run"
+    return f"{flag}: exit {status}, every {what} holds"
 
 
-def _summary(result: BenchResult) -> list[str]:
+def _summary(result: BenchResult, *, check: bool, strict: bool) -> list[str]:
+    """The counts, what LOADED or UNSURE means if any is, and what --check exits with, last."""
     checks = result.checks
     lines = [
         f"promises: {_counts(checks, 'promise')}; goals: {_counts(checks, 'goal')}; "
-        f"run took {result.duration_s:.0f} s",
-        _exit_line(checks),
+        f"run took {result.duration_s:.0f} s"
     ]
     cpus = typing.cast("Mapping[str, object]", result.environment["machine"])["cpus"]
     loaded = sorted({c.case for c in checks if c.verdict == "LOADED"})
@@ -242,11 +290,22 @@ def _summary(result: BenchResult) -> list[str]:
             "UNSURE: the interval straddles the bound even after the extra rounds; the figure "
             "is too close to the bound to tell on this machine (more rounds: --budget)."
         )
+    if check or strict:
+        lines.append(_exit_line(checks, strict=strict))
     return lines
 
 
-def render_table(result: BenchResult) -> str:
-    """Render the report printed on stdout, as one string ending in a newline."""
+def render_table(
+    result: BenchResult, *, verbose: bool = False, check: bool = False, strict: bool = False
+) -> str:
+    """Render the report printed on stdout, as one string ending in a newline.
+
+    Args:
+        result: the run.
+        verbose: every figure of every case and every check, not the one-screen summary.
+        check: end with the line that says what ``--check`` exits with, and why.
+        strict: as *check*, for ``--strict-check``.
+    """
     env = result.environment
     machine = typing.cast("Mapping[str, object]", env["machine"])
     lines = [
@@ -254,16 +313,26 @@ def render_table(result: BenchResult) -> str:
         f"numpy {env['numpy']}, {machine['platform']}, {machine['cpus']} CPUs",
         ORIGINAL,
         RATIOS,
+    ]
+    traces = [case for case in result.cases if isinstance(case, TraceCase)]
+    fills = [case for case in result.cases if isinstance(case, FillsCase)]
+    if not verbose:
+        if traces:
+            lines += ["", *_trace_table(result, traces, verbose=False)]
+        for case in fills:
+            lines += ["", _fill_line(result, case)]
+        if result.checks:
+            lines += ["", _TARGETS_HEADING, *_summary_table(result.checks)]
+        return "\n".join([*lines, "", *_summary(result, check=check, strict=strict)]) + "\n"
+    lines += [
         "Rounds run each case's series back to back (original, bucketpool, compat for "
         "traces), after one warm-up; gc off while timing.",
         f"Figures: median over rounds of per-round (paired) values, with a bootstrap "
         f"{CONFIDENCE:.0%} interval of the median, at least +-{RESOLUTION:.0%}.",
     ]
-    traces = [case for case in result.cases if isinstance(case, TraceCase)]
-    fills = [case for case in result.cases if isinstance(case, FillsCase)]
     others = [case.name for case in result.cases if not isinstance(case, TraceCase | FillsCase)]
     if traces:
-        lines += ["", *_trace_table(result, traces), ""]
+        lines += ["", *_trace_table(result, traces, verbose=True), ""]
         lines += [f"  {case.name}: {case.description}" for case in traces]
     if others:
         lines += ["", *_case_table(result, others), ""]
@@ -274,7 +343,7 @@ def render_table(result: BenchResult) -> str:
         lines += ["", *_fill_table(result, case)]
     for kind in _KINDS:
         lines += ["", *_target_table(result.checks, kind)]
-    lines += ["", *_summary(result)]
+    lines += ["", *_summary(result, check=check, strict=strict)]
     return "\n".join(lines) + "\n"
 
 

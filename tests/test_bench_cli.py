@@ -84,8 +84,10 @@ def test_check_exit_status(
     assert cli.main(["--trace", "repeated-64", *argv]) == status
     out = capsys.readouterr().out
     assert f"promises: {int(promise == 'PASS')} PASS" in out
-    if argv == ["--check"]:
-        assert f"--check: exit {status}," in out  # the report says what --check gives
+    if argv:  # the report's last line says what --check gives, and only with --check
+        assert out.splitlines()[-1].startswith(f"{argv[0]}: exit {status},")
+    else:
+        assert "-check: exit" not in out
 
 
 def test_a_loaded_promise_exits_3(
@@ -94,7 +96,7 @@ def test_a_loaded_promise_exits_3(
     # The interval alone says FAIL, but the machine was loaded: not judged, so 3, not 1.
     run = fake_run({"promise": "FAIL", "goal": "PASS"}, loaded=True)
     monkeypatch.setattr(cli, "run_benchmark", run)
-    assert cli.main(["--trace", "repeated-64", "--check"]) == 3
+    assert cli.main(["--trace", "repeated-64", "--check", "--verbose"]) == 3
     out = capsys.readouterr().out
     assert "LOADED (interval alone: FAIL)" in out
     assert "MACHINE LOOKS LOADED" in out
@@ -114,8 +116,31 @@ def test_a_tiny_real_run_with_check(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert data["settings"]["ops"] == 40
 
 
+def test_the_report_fits_one_screen_unless_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--quick", "--trace", "repeated", "--trace", "fills", "--trace", "debug", *TINY]
+    reports, statuses = [], []
+    for flags in ([], ["--check"], ["--verbose"]):
+        statuses.append(cli.main([*argv, *flags]))
+        out, err = capsys.readouterr()
+        assert "[5/5] fills" in err  # the progress goes to stderr
+        assert "[5/5]" not in out
+        reports.append(out)
+    summary, checked, verbose = reports
+    assert len(summary.splitlines()) <= 60
+    assert "-check: exit" not in summary
+    assert checked.splitlines()[-1].startswith(f"--check: exit {statuses[1]},")
+    assert checked.count("-check: exit") == 1
+    assert "-check: exit" not in verbose
+    for table in ("PROMISES: ", "GOALS: ", "  repeated-64: n = 64", "handle.add_copies  "):
+        assert table in verbose  # the full tables, the cases described
+        assert table not in summary
+    assert "debug: checks/off" in verbose
+    rows = [line.split()[:3] for line in summary.splitlines() if line.startswith("goal ")]
+    assert ["goal", "checks/off", "debug"] in rows  # one row per target, its worst case
+
+
 def test_case_selection(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["--trace", "fills", "--trace", "overhead", *TINY]) == 0
+    assert cli.main(["--trace", "fills", "--trace", "overhead", *TINY, "--verbose"]) == 0
     out, _ = capsys.readouterr()
     assert "handle.add_copies" in out
     assert "bytes per cached buffer" in out
@@ -159,7 +184,7 @@ def test_help_lists_every_option_and_the_exit_statuses(capsys: pytest.CaptureFix
     assert out.startswith("usage: python -m bench")
     for option in ("--quick", "--rounds", "--repeats", "--ops", "--budget", "--trace"):
         assert option in out
-    for option in ("--replay", "--json", "--plot", "--check", "--strict-check"):
+    for option in ("--replay", "--verbose", "--json", "--plot", "--check", "--strict-check"):
         assert option in out
     assert "3 when one is UNSURE or LOADED" in " ".join(out.split())
 
@@ -198,7 +223,8 @@ def test_replay(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--replay", str(SAMPLE), *TINY[2:]]) == 0
     out, _ = capsys.readouterr()
     assert "replay:sample.trace" in out
-    assert "replay:sample.trace: bucketpool/original" in out  # the promise applies
+    rows = [line.split() for line in out.splitlines() if line.startswith("promise ")]
+    assert ["promise", "bucketpool/original", "replay:sample.trace"] in [r[:3] for r in rows]
     assert "handle.add_copies" not in out
 
 

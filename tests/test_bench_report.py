@@ -1,19 +1,34 @@
-"""The table of one tiny run: every figure and verdict, promises first, how to read a ratio."""
+"""The report of one tiny run: a one-screen summary, or (``verbose``) every figure and verdict."""
 
 from __future__ import annotations
 
-import _bench_case
 import pytest
 
 from bench import _report as report
-from bench._runner import BenchResult
+from bench._cases import TraceCase
+from bench._runner import BenchResult, Settings, build_cases, run_benchmark
 from bench._stats import Measurement, exact
 from bench._targets import exit_status
+from bench._traces import CASE_KINDS, builtin_traces
+
+#: The most lines the summary may take: one screen.
+SCREEN = 60
 
 
 @pytest.fixture(scope="module")
 def tiny_run() -> BenchResult:
-    return _bench_case.tiny_run()
+    """Every trace and case at toy sizes: a report as long as a full run's."""
+    settings = Settings(
+        rounds=2,
+        max_rounds=2,
+        budget_s=0,
+        ops=40,
+        thread_ops=5,
+        parked=20,
+        stuck=200,
+        min_pass_ns=10_000,
+    )
+    return run_benchmark(settings, build_cases(settings, builtin_traces(40), CASE_KINDS))
 
 
 def test_formatting() -> None:
@@ -30,6 +45,9 @@ def test_formatting() -> None:
     timed = Measurement(0.3, 0.29, 0.31, "x")
     assert report.format_measurement(timed) == "0.3x [0.29x-0.31x]"
     assert report.format_measurement(exact(3, "count")) == "3"
+    assert report.format_rate(232_000) == "232k/s"
+    assert report.format_rate(1.514e9) == "1.51G/s"
+    assert report.format_rate(160) == "160/s"
 
 
 def sections(table: str) -> dict[str, list[str]]:
@@ -43,7 +61,7 @@ def sections(table: str) -> dict[str, list[str]]:
 
 
 def test_table_shows_every_verdict(tiny_run: BenchResult) -> None:
-    table = report.render_table(tiny_run)
+    table = report.render_table(tiny_run, verbose=True)
     measured = tiny_run.figures["repeated-64"]["bucketpool/original"]
     assert report.format_measurement(measured) in table
     rows = sections(table)
@@ -64,7 +82,7 @@ def test_table_shows_every_verdict(tiny_run: BenchResult) -> None:
 
 
 def test_promises_come_first_each_labelled(tiny_run: BenchResult) -> None:
-    table = report.render_table(tiny_run)
+    table = report.render_table(tiny_run, verbose=True)
     assert table.index("\nPROMISES: ") < table.index("\nGOALS: ")
     promise_rows, goal_rows = ("\n".join(rows) for rows in sections(table).values())
     assert "repeated-64: bucketpool/original " in promise_rows  # <= 1.0, the promise
@@ -76,14 +94,40 @@ def test_promises_come_first_each_labelled(tiny_run: BenchResult) -> None:
 
 
 def test_the_report_says_how_to_read_it_once(tiny_run: BenchResult) -> None:
-    table = report.render_table(tiny_run)
+    table = report.render_table(tiny_run, verbose=True)
     assert table.count("lower is better unless the bound says >=") == 1
     assert table.count("bench/_original.py") == 1
     assert "acquire, three [:n] slices, release" in table
-    status = exit_status(tiny_run.checks)
-    assert f"--check: exit {status}," in table
     assert "promises: " in table
     assert "; goals: " in table
+    assert "--check: exit" not in table  # without --check, no verdict of it
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_check_line_only_when_asked(tiny_run: BenchResult, verbose: bool) -> None:
+    def check_lines(**flags: bool) -> list[str]:
+        table = report.render_table(tiny_run, verbose=verbose, **flags)
+        return [line.split(",")[0] for line in table.splitlines() if "-check: exit" in line]
+
+    assert check_lines() == []
+    assert check_lines(check=True) == [f"--check: exit {exit_status(tiny_run.checks)}"]
+    strict = exit_status(tiny_run.checks, strict=True)
+    assert check_lines(strict=True) == [f"--strict-check: exit {strict}"]
+
+
+def test_the_summary_fits_one_screen(tiny_run: BenchResult) -> None:
+    summary = report.render_table(tiny_run, check=True)
+    lines = summary.splitlines()
+    assert len(lines) <= SCREEN
+    assert "PROMISES: " not in summary  # the verbose tables
+    assert "GOALS: " not in summary
+    assert summary.count("lower is better unless the bound says >=") == 1
+    for case in tiny_run.cases:  # a row per trace
+        if isinstance(case, TraceCase):
+            assert sum(line.startswith(f"{case.name} ") for line in lines) == 1
+    rows = [line for line in lines if line.startswith(("promise ", "goal "))]
+    assert len(rows) == len({check.spec for check in tiny_run.checks})  # a row per target
+    assert "copies per call: setitem " in summary
 
 
 def test_matplotlib_available_sees_a_missing_import(monkeypatch: pytest.MonkeyPatch) -> None:
