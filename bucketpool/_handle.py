@@ -177,11 +177,12 @@ class BufferHandle:
                     else:
                         pending = [event for event in asked if not event.query()]
                 except BaseException as caught:  # user code: the buffer stays parked; theirs
-                    pending, error = list(events), caught
+                    pending, error = list(buffer.events or events), caught  # as recorded now
                 else:
-                    if events and events[-1] is not asked[-1]:  # a query() recorded more:
-                        seen = {id(event) for event in asked}  # pending too, unasked
-                        pending += [event for event in events if id(event) not in seen]
+                    now = buffer.events  # replaced, never changed, by a record_event
+                    if now is not events and now:  # a query() recorded more: pending too
+                        seen = {id(event) for event in asked}
+                        pending += [event for event in now if id(event) not in seen]
                 pending = pending or None
                 if self._token != token or buffer.token != token:  # a query() released it
                     if error is not None:
@@ -298,7 +299,7 @@ class BufferHandle:
         token = self._token
         if token <= 0 or buffer.token != token:
             self._refuse("record_event")
-        if not self._pool._record(buffer, event):
+        if not self._pool._record(buffer, token, event):
             self._refuse("record_event")  # an event's query() released this handle
 
     def add_copies(

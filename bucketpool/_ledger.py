@@ -20,6 +20,7 @@ nothing.  Counters that `stats()` can derive are not kept; peaks are exact.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import Final
 
@@ -61,6 +62,7 @@ TOTALS = (
 )
 #: A leak, as `settle` saw it: the hand-out's n, the acquire's code and instruction, site.
 Leak = tuple[int, object, int, object, object]
+Events = collections.deque[CompletionEvent]
 #: What `settle` did, for its caller outside the lock: buffer, outcome, leak, problem.
 Settled = tuple["Buffer | None", str, "Leak | None", "str | None"]
 _NOTHING: Final = (None, "nothing", None, None)
@@ -397,6 +399,22 @@ class Ledger:
             else:
                 bucket.inbox += ((buffer, buffer.token, None, buffer.view_bytes),)
             return bucket
+
+    def set_events(
+        self, buffer: Buffer, token: int, held: object, events: Events, checksum: int | None
+    ) -> bool | None:
+        """(`bucketpool._parking.record`) Replace hand-out *token*'s events *held*.
+
+        False if that hand-out is over; None if its events are not *held* any more.
+        """
+        with LOCK:
+            if token <= 0 or buffer.token != token:
+                return False
+            if buffer.events is not held:
+                return None
+            buffer.events = events
+            buffer.checksum = checksum
+            return True
 
     def attach_holder(self, buffer: Buffer, holder: object, holder_id: int) -> bool:
         """Give cached *buffer* the tuple its next compat hand-out gets, if it has none."""

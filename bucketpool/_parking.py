@@ -211,54 +211,44 @@ def _ask(
         return False, caught
 
 
-def record(buffer: Buffer, event: CompletionEvent, checking: bool) -> bool:
-    """(the holder) Add *event* to the live hand-out's events; drop ones found done.
+def record(
+    ledger: Ledger, buffer: Buffer, token: int, event: CompletionEvent, checking: bool
+) -> bool:
+    """(the holder) Add *event* to the events of hand-out *token*; drop ones found done.
 
     Each record asks no more than two earlier events (amortised O(1): each event leaves
     once).  With *checking* (the debug levels), descriptors changed since the last record
     while an earlier event may still be running raise `InFlightWriteError`, the event
-    recorded all the same; that costs asking the earlier events only when the descriptors
-    did change.  Returns False, having recorded nothing, if the hand-out ended while an
-    event's ``query()`` (user code) ran.
+    recorded all the same.  The events are replaced, never changed in place, by the
+    `Ledger.set_events` move, on the hand-out's token: a record that raced the hand-out's
+    end stores nothing.  Returns False, having recorded nothing, if the hand-out ended.
     """
-    token = buffer.token
-    # A held buffer's events are a deque (a parked buffer's, a list of those pending).
-    events = typing.cast("collections.deque[CompletionEvent] | None", buffer.events)
-    if events is None:
-        if not checking:  # the first event: nothing to ask, nothing to compare
-            buffer.events = collections.deque((event,))
-            return True
-        events = collections.deque()
-    else:
+    while True:
+        held = typing.cast("collections.deque[CompletionEvent] | None", buffer.events)
+        events: collections.deque[CompletionEvent] = collections.deque(held or ())
         for _ in range(min(2, len(events))):
-            oldest = events[0]
             try:
-                done = bool(oldest.query())  # its truth too: user code
+                done = bool(events[0].query())  # its truth too: user code
             except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
                 raise
             except BaseException:  # not this call's to report: kept, asked at release
                 done = False
-            # Only the event just asked moves, and only if it is still first (a query()
-            # may have recorded or released): a done one leaves, a pending one goes last.
-            if events and events[0] is oldest:
-                if done:
-                    events.popleft()
-                else:
-                    events.rotate(-1)
-    in_flight = False
-    if checking:
-        current = _verify.checksum(buffer.arrays, buffer.span)
-        earlier = buffer.checksum
-        in_flight = earlier is not None and earlier != current and _any_pending(events)
-    if buffer.token != token:
-        return False
-    if checking:
-        buffer.checksum = current
-    events.append(event)
-    buffer.events = events
-    if in_flight:
-        raise InFlightWriteError(_verify.in_flight_problem(buffer))
-    return True
+            if done:  # a done one leaves, a pending one goes last
+                events.popleft()
+            else:
+                events.rotate(-1)
+        checksum, in_flight = buffer.checksum, False
+        if checking:
+            current = _verify.checksum(buffer.arrays, buffer.span)
+            in_flight = checksum is not None and checksum != current and _any_pending(events)
+            checksum = current
+        events.append(event)
+        stored = ledger.set_events(buffer, token, held, events, checksum)
+        if stored is None:  # a query() recorded meanwhile: again, with its events
+            continue
+        if stored and in_flight:
+            raise InFlightWriteError(_verify.in_flight_problem(buffer))
+        return stored
 
 
 def _any_pending(events: Iterable[CompletionEvent]) -> bool:

@@ -10,7 +10,6 @@ checks, `bucketpool._verify`'s and `bucketpool._guard`'s.
 
 from __future__ import annotations
 
-import collections
 import sys
 import typing
 import weakref
@@ -398,7 +397,11 @@ class BucketPool:
         """
         self._outside("outstanding")
         self._drain()
-        return outstanding_of(self._ledger.buffers())
+        buffers = self._ledger.buffers()
+        while LATE:  # a finaliser released a holder inside the copy's move: again
+            self._drain()
+            buffers = self._ledger.buffers()
+        return outstanding_of(buffers)
 
     def stats(self) -> PoolStats:
         """Return a consistent snapshot of the counters (see `PoolStats`).  Thread-safe.
@@ -408,10 +411,14 @@ class BucketPool:
         """
         self._outside("stats")
         self._drain()
-        return build_stats(self._buckets, self._ledger.snapshot())
+        snapshot = self._ledger.snapshot()
+        while LATE:  # a finaliser released a holder inside the snapshot's move: again
+            self._drain()
+            snapshot = self._ledger.snapshot()
+        return build_stats(self._buckets, snapshot)
 
-    def _record(self, buffer: Buffer, event: CompletionEvent) -> bool:
-        """(a holder's `record_event`) Add *event* to *buffer*'s live hand-out.
+    def _record(self, buffer: Buffer, token: int, event: CompletionEvent) -> bool:
+        """(a holder's `record_event`) Add *event* to *buffer*'s hand-out *token*.
 
         Returns False, having recorded nothing, if the hand-out ended meanwhile (an earlier
         event's ``query()`` released it).
@@ -425,10 +432,7 @@ class BucketPool:
                 "record_event needs an object with a query() -> bool method "
                 f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
             )
-        if buffer.events is None and not self._level:  # the first: nothing to ask
-            buffer.events = collections.deque((event,))
-            return True
-        return record(buffer, event, self._level > 0)
+        return record(self._ledger, buffer, token, event, self._level > 0)
 
     def reset_peak_stats(self) -> None:
         """Set every peak to its current value.

@@ -64,7 +64,7 @@ class PoolCore(Protocol):
     _ledger: Any  # its `bucketpool._ledger.Ledger` (not imported: this module is the ground)
     _reported: set[object]  # the acquire sites whose leaks were reported
 
-    def _record(self, buffer: Any, event: CompletionEvent) -> bool: ...  # `record_event`
+    def _record(self, buffer: Any, token: int, event: CompletionEvent) -> bool: ...
 
     @property
     def _self_ref(self) -> Callable[[], object]: ...  # a weak reference to itself

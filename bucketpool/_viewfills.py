@@ -105,7 +105,7 @@ class ViewFills:
         token = self.token
         self.check_live(views, "record_event", token)
         pool = self.pool_ref() if self.pool_ref is not None else None
-        if pool is None or not pool._record(self, event):  # type: ignore[attr-defined]
+        if pool is None or not pool._record(self, token, event):  # type: ignore[attr-defined]
             self.check_live(views, "record_event", token)  # a query() ended it: refused
             raise ReleaseError("record_event: the pool that handed these views out is gone")
 

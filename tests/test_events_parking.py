@@ -738,3 +738,58 @@ def test_the_views_record_events_as_the_handle_does(level: DebugLevel) -> None:
         bufs.record_event(FlagEvent())  # the hand-out is over
     event.done = True
     assert pool.collect() == 1
+
+
+def test_a_record_that_races_the_end_of_its_hand_out_records_nothing() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(16)
+    address = handle.buffers[0].data_ptr()
+    mine = FlagEvent()
+    theirs = FlagEvent()
+    holders: list[BufferHandle] = []
+
+    class EndsTheHandOut:  # an earlier event, asked by the next record_event
+        def query(self) -> bool:
+            if not holders and asking:  # once, from that record_event
+                holders.append(handle)
+                handle.release()  # as another thread would, between check and store
+                holders.append(pool.acquire(16))  # the same buffer, another holder ...
+                holders[1].record_event(theirs)  # ... with a copy of its own in flight
+            return True
+
+    asking = False
+
+    handle.record_event(EndsTheHandOut())
+    asking = True
+    with pytest.raises(ReleaseError, match="record_event"):
+        handle.record_event(mine)  # its hand-out ended while it asked: nothing stored
+    assert holders[1].buffers[0].data_ptr() == address  # the interleaving happened
+    holders[1].release()
+    assert pool.stats().parked == 1  # parked on the other holder's event, not lost
+    theirs.done = True
+    assert pool.collect() == 1
+    assert mine.queries == 0  # never recorded, so never asked
+
+
+def test_events_a_query_records_during_release_keep_the_buffer_parked() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(16)
+    later = FlagEvent()  # a copy the query starts: pending
+
+    class RecordsWhileAsked:
+        asked = 0
+
+        def query(self) -> bool:
+            self.asked += 1
+            if self.asked == 2:  # the release's question
+                handle.record_event(later)
+                handle.record_event(self)  # the same event object, recorded again
+            return True
+
+    first = RecordsWhileAsked()
+    handle.record_event(first)
+    first.query()  # (its first question: the test's own)
+    handle.release()
+    assert pool.stats().parked == 1  # later is pending: parked, not cached
+    later.done = True
+    assert pool.collect() == 1
