@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "AS_RECORDED",
     "HELD",
     "LEAK",
     "LEAK_TUPLE",
@@ -83,6 +84,8 @@ def new_tensor(size: int, dtype: torch.dtype, pin_memory: bool = False) -> torch
 #: compat tuple's (the advice in the warning differs).
 LEAK: Final = "leak"
 LEAK_TUPLE: Final = "leaked tuple"
+#: What a release queued from inside a move parks on: every event recorded by then.
+AS_RECORDED: Final = "as recorded"
 #: An entry of a bucket's inbox: the buffer, the token of the hand-out (minus it for a
 #: parked buffer whose events are done), and None, the events still pending, or `LEAK`.
 #: Last, the bytes of the views it keeps (`Buffer.views_cost`).
@@ -134,6 +137,7 @@ class Buffer(ViewFills):
         "own_sets",
         "poisoned",
         "pool_ref",
+        "recorded",
         "released_at",
         "site",
         "span",
@@ -176,6 +180,7 @@ class Buffer(ViewFills):
         self.n = 0  # the live hand-out's n (a shrink lowers it)
         self.span = 0  # debug levels: the hand-out's n as acquired (checksums, poison)
         self.events: collections.deque[CompletionEvent] | list[CompletionEvent] | None = None
+        self.recorded = 0  # events ever recorded on it: a release tells a new one by this
         self.current: Views | None = None
         self.code: object = None  # the acquire's code object and instruction (leak warnings)
         self.lasti = 0

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 
 from bucketpool import _fill, _guard, _verify
 from bucketpool._buckets import as_index
-from bucketpool._buffer import VIEW_SET_BYTES
+from bucketpool._buffer import AS_RECORDED, LEAK, VIEW_SET_BYTES
 from bucketpool._errors import ReleaseError
 from bucketpool._inbox import take_back, warn
-from bucketpool._ledger import LEAK
 from bucketpool._lock import LATE, inside, owned
 from bucketpool._types import CompletionEvent, DescriptorArrays, DescriptorBuffers, IntegerInput
 
@@ -165,63 +164,71 @@ class BufferHandle:
             _add_note(exc, f"bucketpool: {self._released_message('end of with block')}")
             return
         pool = self._pool
-        events = buffer.events
-        pending = None
         error: BaseException | None = None
         try:
-            if events:
-                asked = tuple(events)  # a copy: a query() may record more events on this handle
-                try:
-                    if len(asked) == 1:
-                        pending = [] if asked[0].query() else [asked[0]]
-                    else:
-                        pending = [event for event in asked if not event.query()]
-                except BaseException as caught:  # user code: the buffer stays parked; theirs
-                    pending, error = list(buffer.events or events), caught  # as recorded now
-                else:
-                    now = buffer.events  # replaced, never changed, by a record_event
-                    if now is not events and now:  # a query() recorded more: pending too
-                        seen = {id(event) for event in asked}
-                        pending += [event for event in now if id(event) not in seen]
-                pending = pending or None
-                if self._token != token or buffer.token != token:  # a query() released it
-                    if error is not None:
-                        raise error
-                    self.__exit__(exc_type, exc, tb)  # refuses, as for any released handle
-                    return
             if exc is not None:
                 # A torch op that raised may have changed a view without counting the change
                 # (a failed resize_ or out=): the next hand-out checks every view set.
                 buffer.version = -2
-            watching = pool._watching
-            if watching:
+            if pool._watching:
                 buffer.released_at = _verify.site(pool._full_stack)
-            # The hand-out's events and views are cleared by the move that takes the buffer
-            # back, under the token check, so a late second release of this handle from another
-            # thread cannot clear the next hand-out's.
             views = (len(buffer.views) + (buffer.whole is not None)) * VIEW_SET_BYTES
-            if owned():  # a finaliser or handler that interrupted a move: queued, not waited
-                self._token = 0  # from here to the append no signal handler can run
-                try:
-                    buffer.bucket.inbox.append((buffer, token, pending, views))
-                except (RecursionError, MemoryError):  # not appended: the handle still holds it
-                    self._token = token
-                    raise
-                LATE.append(pool._self_ref)
-            elif pool._ledger.give_back(buffer, token, pending, views):
-                self._token = 0  # cached or parked: the common case, in one move
-            else:
+            while True:  # again if an event is recorded meanwhile (by a query(), a thread)
+                seen = buffer.recorded
+                events = buffer.events
+                pending = None
+                if events:
+                    asked = tuple(events)  # a query() may record more on this handle
+                    try:
+                        if len(asked) == 1:
+                            pending = [] if asked[0].query() else [asked[0]]
+                        else:
+                            pending = [event for event in asked if not event.query()]
+                    except BaseException as caught:  # user code: the buffer stays parked
+                        pending, error = list(asked), caught
+                    if buffer.recorded != seen:  # a query() recorded more: pending, unasked
+                        ids = {id(event) for event in asked}
+                        pending += [event for event in buffer.events or () if id(event) not in ids]
+                        seen = buffer.recorded
+                    pending = pending or None
+                    if self._token != token or buffer.token != token:  # a query() released it
+                        if error is not None:
+                            raise error
+                        self.__exit__(exc_type, exc, tb)  # refuses, as any released handle
+                        return
+                # The move that takes the buffer back checks the token and *seen*: a late
+                # second release from another thread, or a record that raced this one,
+                # changes nothing of the next hand-out's.
+                if owned():  # a finaliser or handler that interrupted a move: queued
+                    self._token = 0  # from here to the append no signal handler can run
+                    try:  # it parks on every event recorded by the time it is taken back
+                        buffer.bucket.inbox.append((buffer, token, AS_RECORDED, views))
+                    except (RecursionError, MemoryError):  # not appended: still held
+                        self._token = token
+                        raise
+                    LATE.append(pool._self_ref)
+                    break
+                given = pool._ledger.give_back(buffer, token, pending, views, seen)
+                if given:
+                    self._token = 0  # cached or parked: the common case, in one move
+                    break
+                if given is None:
+                    continue
                 # Taken back at once (parked, cached or freed: a cap frees it before this
                 # returns), then the handle lets go: a signal between the two finds the
                 # hand-out over all the same (the buffer's token moved on).
                 problems: list[str] = []
                 entry = (buffer, token, pending, views)
-                taken = take_back(pool._ledger, buffer.bucket, pool._reported, problems, entry)
+                ledger, reported = pool._ledger, pool._reported
+                taken = take_back(ledger, buffer.bucket, reported, problems, entry, seen)
+                if taken is None:
+                    continue
                 self._token = 0
                 if not taken:  # another thread released this handle meanwhile
                     raise ReleaseError(self._released_message("release"))
                 for problem in problems:
                     warn(problem, RuntimeWarning)
+                break
             if LATE:  # a finaliser that ran inside this release's move queued a release
                 pool._drain()
             if error is not None:

@@ -40,19 +40,25 @@ def take_back(
     reported: set[object],
     problems: list[str],
     entry: Entry | None = None,
-) -> bool:
+    seen: int = -1,
+) -> bool | None:
     """Take back *entry* (else the oldest of *bucket*'s inbox): park, cache or free it.
 
     Appends the in-flight problem found, if any, to *problems*.  Returns False, having
-    moved nothing, if *entry*'s hand-out was over already.
+    moved nothing, if *entry*'s hand-out was over already; None if an event was recorded
+    since its releaser read them (*seen*: see `Ledger.give_back`).
     """
-    buffer, outcome, leak, problem = ledger.settle(bucket, entry=entry)
+    buffer, outcome, leak, problem = ledger.settle(bucket, entry=entry, seen=seen)
+    if outcome == "recorded":
+        return None
     if outcome == "crowded" and buffer is not None:
         # Room first, in other buckets, least recently used first: the cache never shows
         # more than the cap, not even for a moment.
         room = ledger.max_cached_bytes - ledger.parked_bytes - bucket.nbytes
         trim_to(ledger, room, keep=bucket)
-        buffer, outcome, leak, problem = ledger.settle(bucket, force=True, entry=entry)
+        buffer, outcome, leak, problem = ledger.settle(bucket, force=True, entry=entry, seen=seen)
+        if outcome == "recorded":
+            return None
     if buffer is None:
         return False
     if outcome == "freed":

@@ -24,7 +24,7 @@ import collections
 from collections.abc import Callable
 from typing import Final
 
-from bucketpool._buffer import HELD, LEAK, LEAK_TUPLE, Bucket, Buffer, Entry
+from bucketpool._buffer import AS_RECORDED, HELD, LEAK, LEAK_TUPLE, Bucket, Buffer, Entry
 from bucketpool._lock import LOCK
 from bucketpool._queues import Parking, Queues
 from bucketpool._types import CompletionEvent
@@ -32,9 +32,6 @@ from bucketpool._types import CompletionEvent
 __all__ = [
     "CACHE",
     "EMPTY",
-    "HELD",
-    "LEAK",
-    "LEAK_TUPLE",
     "NEEDS_HOLDER",
     "SETTLE",
     "SWEEP",
@@ -109,12 +106,7 @@ class Ledger:
         self.allocated_bytes = self.allocated_bytes_peak = 0
         self.allocations_total = self.allocated_bytes_total = 0  # freed: these less current
         self.parked_bytes = self.requested = self.leaks = 0
-        #: Bytes of the view sets that idle (cached and parked) buffers keep: they count
-        #: against the byte cap as the buffers do.  Each buffer's share is its
-        #: ``view_bytes``, set by its last holder when the hand-out ended.
-        self.view_bytes = 0
-
-    # -- the moves ----------------------------------------------------------------------------
+        self.view_bytes = 0  # of the view sets idle buffers keep (each its `view_bytes`)
 
     def serve(
         self,
@@ -129,11 +121,9 @@ class Ledger:
     ) -> object:
         """Hand a buffer of *bucket* to *holder* (a `BufferHandle`, or None for compat).
 
-        The buffer of the record *parked* (events done, at *index* of the young queue;
-        spent here, as `retire` would), else *fresh* (counted here; cached if *holder* is
-        `CACHE` and the caps keep it), else the newest cached.  Returns the holder (compat:
-        the tuple kept with the buffer), `SWEEP` when the idle sweep is due, or, having
-        moved nothing, `SETTLE` (the inbox first), `EMPTY` or `NEEDS_HOLDER`.
+        The record *parked*'s (events done, at *index* of the young queue), else *fresh*
+        (cached if *holder* is `CACHE`), else the newest cached.  Returns the holder (compat:
+        its tuple), `SWEEP`, or, having moved nothing, `SETTLE`, `EMPTY` or `NEEDS_HOLDER`.
         """
         k = bucket.index
         with LOCK:
@@ -215,16 +205,23 @@ class Ledger:
             return holder
 
     def give_back(
-        self, buffer: Buffer, token: int, pending: list[CompletionEvent] | None, cost: int
-    ) -> bool:
-        """Held -> cached, or parked on *pending*: a release at ``"off"`` that the caps keep.
+        self,
+        buffer: Buffer,
+        token: int,
+        pending: list[CompletionEvent] | None,
+        cost: int,
+        seen: int,
+    ) -> bool | None:
+        """Held -> cached, or parked on *pending*: a release at ``"off"`` the caps keep.
 
-        Returns False, having moved nothing, where `settle` has more to do: a cap that
-        does not keep the buffer, a debug level, a hand-out over already.
+        None (nothing moved) if an event was recorded since the releaser saw *seen*
+        (`Buffer.recorded`); False where `settle` has more to do.
         """
         bucket = buffer.bucket
         k = bucket.index
         with LOCK:
+            if buffer.recorded != seen and buffer.token == token:
+                return None
             nbytes = bucket.nbytes
             active_bytes = self.active_bytes - nbytes
             if (
@@ -253,13 +250,15 @@ class Ledger:
                 self.cached[k] += 1
             return True
 
-    def settle(self, bucket: Bucket, force: bool = False, entry: Entry | None = None) -> Settled:
+    def settle(
+        self, bucket: Bucket, force: bool = False, entry: Entry | None = None, seen: int = -1
+    ) -> Settled:
         """Take back *entry*, else the oldest of *bucket*'s inbox: park, cache or free it.
 
         Parked if events are pending, else cached if the caps keep it, else freed; the
-        debug levels' `verify` runs first.  ``"crowded"`` (nothing moved): caching fits the
-        bucket, not the byte cap; the caller makes room and calls again with *force*.
-        Returns the buffer, the outcome, the leak taken back, the problem.
+        debug levels' `verify` runs first.  Returns the buffer, the outcome, the leak, the
+        problem.  Nothing moves on ``"crowded"`` (the caller makes room, then *force*) or
+        ``"recorded"`` (as `give_back`'s None, for *seen* other than -1).
         """
         k = bucket.index
         with LOCK:
@@ -275,8 +274,12 @@ class Ledger:
                 if entry is None:
                     del inbox[0]
                 return _NOTHING
+            if seen != -1 and buffer.recorded != seen:
+                return (None, "recorded", None, None)
             leaked = state is LEAK or state is LEAK_TUPLE
-            events = None if token < 0 else buffer.events if leaked else state
+            events = (
+                None if token < 0 else buffer.events if leaked or state is AS_RECORDED else state
+            )
             nbytes = bucket.nbytes
             parked = self.parked_bytes - nbytes if token < 0 else self.parked_bytes
             # The view sets of every idle buffer, this one's included (a parked one's are).
@@ -337,10 +340,9 @@ class Ledger:
         return (buffer, outcome, leak, problem)
 
     def uncache(self, bucket: Bucket, newest: bool, limit: int | None) -> Buffer | None:
-        """Free *bucket*'s newest (or oldest) cached buffer if idle bytes exceed *limit*.
+        """Free *bucket*'s newest (or oldest) cached one past *limit* idle bytes; return it.
 
-        *limit* None: the byte cap less parked bytes; -1: whatever the bytes.  Returns the
-        freed buffer (the caller scraps it outside the lock), or None.
+        *limit* None: the byte cap less parked bytes; -1: any.  The caller scraps it.
         """
         k = bucket.index
         with LOCK:
@@ -366,9 +368,8 @@ class Ledger:
     def retire(self, record: Parking, index: int = 0) -> Bucket | None:
         """Parked -> cached (or returning, for `settle`): spend *record*, its events done.
 
-        Drops the record from the young queue if it is at *index* there (a poll's, near
-        the front: cheap).  Returns the buffer's bucket, or None if the record was spent
-        already (another thread retired the buffer first).
+        Drops it from the young queue if at *index* there.  Returns the buffer's bucket, or
+        None if the record was spent already.
         """
         with LOCK:
             buffer: Buffer | None = record[0]
@@ -400,19 +401,32 @@ class Ledger:
                 bucket.inbox += ((buffer, buffer.token, None, buffer.view_bytes),)
             return bucket
 
-    def set_events(
-        self, buffer: Buffer, token: int, held: object, events: Events, checksum: int | None
-    ) -> bool | None:
-        """(`bucketpool._parking.record`) Replace hand-out *token*'s events *held*.
+    def add_event(
+        self,
+        buffer: Buffer,
+        token: int,
+        event: CompletionEvent,
+        fresh: Events | None,
+        front: CompletionEvent | None,
+        done: bool,
+        checksum: int | None,
+    ) -> bool:
+        """(`_parking.record`) Add *event* to hand-out *token*'s events, or False if over.
 
-        False if that hand-out is over; None if its events are not *held* any more.
+        *fresh*: their deque if none yet; the oldest, *front*, leaves if *done*, else goes last.
         """
         with LOCK:
             if token <= 0 or buffer.token != token:
                 return False
-            if buffer.events is not held:
-                return None
-            buffer.events = events
+            events: Events | None = buffer.events  # type: ignore[assignment]  # a held one's
+            if events is None:
+                buffer.events = events = fresh
+            elif front is not None and events and events[0] is front:
+                del events[0]
+                if not done:
+                    events += (front,)
+            events += (event,)  # type: ignore[operator]  # (None: never, while held)
+            buffer.recorded += 1
             buffer.checksum = checksum
             return True
 
@@ -452,8 +466,6 @@ class Ledger:
                 if checksum is not None:
                     buffer.checksum = checksum
             return True
-
-    # -- maintenance, not moves -----------------------------------------------------------------
 
     def claim_sweep(self) -> bool:
         """Return True once per sweep interval, to the thread that is to sweep (compat)."""

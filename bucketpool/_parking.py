@@ -214,41 +214,42 @@ def _ask(
 def record(
     ledger: Ledger, buffer: Buffer, token: int, event: CompletionEvent, checking: bool
 ) -> bool:
-    """(the holder) Add *event* to the events of hand-out *token*; drop ones found done.
+    """(the holder) Add *event* to the events of hand-out *token*, by `Ledger.add_event`.
 
-    Each record asks no more than two earlier events (amortised O(1): each event leaves
-    once).  With *checking* (the debug levels), descriptors changed since the last record
-    while an earlier event may still be running raise `InFlightWriteError`, the event
-    recorded all the same.  The events are replaced, never changed in place, by the
-    `Ledger.set_events` move, on the hand-out's token: a record that raced the hand-out's
-    end stores nothing.  Returns False, having recorded nothing, if the hand-out ended.
+    Each record asks the oldest event first: a done one leaves, a pending one goes last
+    (amortised O(1)).  With *checking* (the debug levels), descriptors changed since the
+    last record while an earlier event may still be running raise `InFlightWriteError`,
+    the event recorded all the same.  Returns False, having recorded nothing, if the
+    hand-out is over (a release raced it, or a ``query()`` ended it).
     """
-    while True:
-        held = typing.cast("collections.deque[CompletionEvent] | None", buffer.events)
-        events: collections.deque[CompletionEvent] = collections.deque(held or ())
-        for _ in range(min(2, len(events))):
-            try:
-                done = bool(events[0].query())  # its truth too: user code
-            except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
-                raise
-            except BaseException:  # not this call's to report: kept, asked at release
-                done = False
-            if done:  # a done one leaves, a pending one goes last
-                events.popleft()
-            else:
-                events.rotate(-1)
-        checksum, in_flight = buffer.checksum, False
-        if checking:
-            current = _verify.checksum(buffer.arrays, buffer.span)
-            in_flight = checksum is not None and checksum != current and _any_pending(events)
-            checksum = current
-        events.append(event)
-        stored = ledger.set_events(buffer, token, held, events, checksum)
-        if stored is None:  # a query() recorded meanwhile: again, with its events
-            continue
-        if stored and in_flight:
-            raise InFlightWriteError(_verify.in_flight_problem(buffer))
-        return stored
+    events = typing.cast("collections.deque[CompletionEvent] | None", buffer.events)
+    front: CompletionEvent | None = None
+    done = False
+    if events:
+        try:
+            front = events[0]  # a hint: the move checks it is still the oldest
+            done = bool(front.query())  # its truth too: user code
+        except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
+            raise
+        except BaseException:  # not this call's to report: kept, asked at release
+            done = False
+    checksum, in_flight = buffer.checksum, False
+    if checking:
+        current = _verify.checksum(buffer.arrays, buffer.span)
+        in_flight = (
+            checksum is not None
+            and checksum != current
+            and _any_pending((*events,) if events else ())
+        )
+        checksum = current
+    fresh: collections.deque[CompletionEvent] | None = None
+    if events is None:
+        fresh = collections.deque()
+    if not ledger.add_event(buffer, token, event, fresh, front, done, checksum):
+        return False
+    if in_flight:
+        raise InFlightWriteError(_verify.in_flight_problem(buffer))
+    return True
 
 
 def _any_pending(events: Iterable[CompletionEvent]) -> bool:

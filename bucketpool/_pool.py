@@ -10,7 +10,6 @@ checks, `bucketpool._verify`'s and `bucketpool._guard`'s.
 
 from __future__ import annotations
 
-import collections
 import sys
 import typing
 import weakref
@@ -428,19 +427,11 @@ class BucketPool:
             TypeError: *event* has no ``query()`` method.
             InFlightWriteError: (debug levels) see `BufferHandle.record_event`.
         """
-        kind = type(event)
-        if kind not in _EVENT_TYPES:  # checked once per class that defines query
-            if not callable(getattr(event, "query", None)):
-                raise TypeError(
-                    "record_event needs an object with a query() -> bool method "
-                    f"(torch.Event, torch.cuda.Event), got {kind.__name__}"
-                )
-            if callable(getattr(kind, "query", None)):
-                _EVENT_TYPES.add(kind)
-        if buffer.events is None and not self._level:  # the first: nothing to ask
-            stored = self._ledger.set_events(buffer, token, None, collections.deque((event,)), None)
-            if stored is not None:
-                return stored
+        if not callable(getattr(event, "query", None)):
+            raise TypeError(
+                "record_event needs an object with a query() -> bool method "
+                f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
+            )
         return record(self._ledger, buffer, token, event, self._level > 0)
 
     def reset_peak_stats(self) -> None:
@@ -473,9 +464,6 @@ class BucketPool:
         if _is_owned():
             raise reentered(operation)
 
-
-#: Classes whose instances have a callable ``query``, as far as `BucketPool._record` saw.
-_EVENT_TYPES: set[type] = set()
 
 _NO_COPY = (
     "a BucketPool cannot be copied or pickled: its buffers have one holder each, and a "

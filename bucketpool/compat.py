@@ -26,9 +26,8 @@ import torch
 
 from bucketpool import _fill, _verify
 from bucketpool._buckets import check_count
-from bucketpool._buffer import Buffer
+from bucketpool._buffer import HELD, LEAK_TUPLE, Buffer
 from bucketpool._errors import ReleaseError
-from bucketpool._ledger import HELD, LEAK_TUPLE
 from bucketpool._lock import LATE, inside, owned, reentered
 from bucketpool._pool import BucketPool
 from bucketpool._refill import serve_slowly
@@ -141,23 +140,36 @@ def _held_add_copies(
         CapacityError, ValueError, TypeError: as for `BufferHandle.add_copies`.
     """
     record = HELD.get(id(self))
-    if record is None:
-        raise ReleaseError(
-            f"add_copies: this {type(self).__name__} was released; its buffer may be handed "
-            "out again. Write descriptors before pool.release(bufs), or acquire a new triple"
-        )
-    return _fill.add_copies(record[0].arrays, first, sources, destinations, byte_counts)
+    if record is not None:  # every input read first (user code may run there), then checked
+        buffer = record[0]
+        plan = _fill.plan_copies(buffer._arrays, first, sources, destinations, byte_counts)
+        if HELD.get(id(self)) is record:
+            return _fill.write_copies(buffer.arrays, buffer.bucket.capacity, plan)
+    raise ReleaseError(
+        f"add_copies: this {type(self).__name__} was released; its buffer may be handed "
+        "out again. Write descriptors before pool.release(bufs), or acquire a new triple"
+    )
+
+
+def _held_record_event(self: _HeldBuffers | _HeldAliasedBuffers, event: object) -> None:
+    """Refuse: a compat tuple's events are given to its release."""
+    raise TypeError(
+        "a compat triple records its copy's end event at release: pool.release(bufs, "
+        "event=event); bufs.record_event is for the views of with pool.acquire(n) as bufs:"
+    )
 
 
 # The tuples the adapters hand out: the public classes, one object per hand-out.
 class _HeldBuffers(DescriptorBuffers, _Holding):
     __slots__ = ()
     add_copies = _held_add_copies
+    record_event = _held_record_event
 
 
 class _HeldAliasedBuffers(AliasedDescriptorBuffers, _Holding):
     __slots__ = ()
     add_copies = _held_add_copies
+    record_event = _held_record_event
 
 
 for _held, _public in (

@@ -543,3 +543,22 @@ def test_both_tuples_add_copies_and_return_the_next_free_entry(
     again = pool.acquire(5)
     assert again.src_ptrs[:2].tolist() == [4096, 8192]  # the refused write wrote nothing
     pool.release(again)
+
+
+def test_compat_add_copies_reads_its_inputs_before_it_checks_the_triple() -> None:
+    pool = DescriptorBufferPool()
+    bufs = pool.acquire(4)
+    holders = []
+
+    class ReleasesFirst:  # user code run while the inputs are read
+        def __index__(self) -> int:
+            pool.release(bufs)
+            holders.append(pool.acquire(4))  # the same buffer, another holder
+            holders[0].src_ptrs[:3] = torch.tensor([1, 2, 3])
+            return 0
+
+    with pytest.raises(ReleaseError, match="released"):
+        bufs.add_copies(ReleasesFirst(), [111, 222], [333, 444], 8)
+    assert holders[0].src_ptrs.data_ptr() == bufs.src_ptrs.data_ptr()
+    assert holders[0].src_ptrs[:3].tolist() == [1, 2, 3]  # the new holder's, untouched
+    pool.release(holders[0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import typing
 import warnings
 import weakref
 
@@ -20,6 +21,7 @@ from bucketpool import (
     ReleaseError,
 )
 from bucketpool._parking import AGE, POLL_BUDGET
+from bucketpool.compat import DescriptorBufferPool
 
 # -- record_event --------------------------------------------------------------------------
 
@@ -793,3 +795,39 @@ def test_events_a_query_records_during_release_keep_the_buffer_parked() -> None:
     assert pool.stats().parked == 1  # later is pending: parked, not cached
     later.done = True
     assert pool.collect() == 1
+
+
+@pytest.mark.parametrize("through", ["handle", "views"])
+def test_an_event_recorded_while_the_release_takes_the_buffer_back_keeps_it_parked(
+    through: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = BucketPool()
+    handle = pool.acquire(16)
+    bufs = handle.buffers
+    late = FlagEvent()  # recorded by another thread after the release asked the events
+    give_back = type(pool._ledger).give_back
+    raced: list[bool] = []
+
+    def racing_give_back(ledger: object, *args: typing.Any) -> bool | None:
+        if not raced:  # the other thread, between the release's questions and its move
+            raced.append(True)
+            (handle if through == "handle" else bufs).record_event(late)
+        return give_back(ledger, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(pool._ledger), "give_back", racing_give_back)
+    address = bufs[0].data_ptr()
+    handle.release()
+    assert raced
+    assert pool.stats().parked == 1  # parked on the late event, not cached
+    with pool.acquire(16) as other:
+        assert other[0].data_ptr() != address
+    late.done = True
+    assert pool.collect() == 1
+
+
+def test_a_compat_triple_records_its_event_at_release() -> None:
+    pool = DescriptorBufferPool()
+    bufs = pool.acquire(4)
+    with pytest.raises(TypeError, match=r"pool\.release\(bufs, event=event\)"):
+        bufs.record_event(FlagEvent())
+    pool.release(bufs)
