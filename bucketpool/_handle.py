@@ -8,6 +8,7 @@ buffer's, so a stale or forged handle can do nothing; releasing sets the handle'
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import typing
@@ -306,8 +307,15 @@ class BufferHandle:
         token = self._token
         if token <= 0 or buffer.token != token:
             self._refuse("record_event")
-        if not self._pool._record(buffer, token, event):
-            self._refuse("record_event")  # an event's query() released this handle
+        pool = self._pool
+        if buffer.events is None and not pool._level and callable(getattr(event, "query", 0)):
+            recorded = pool._ledger.add_event(  # the first: nothing to ask, one move
+                buffer, token, event, collections.deque(), None, False, None
+            )
+        else:
+            recorded = pool._record(buffer, token, event)
+        if not recorded:
+            self._refuse("record_event")  # its hand-out ended meanwhile
 
     def add_copies(
         self,
