@@ -12,6 +12,7 @@ import collections
 import contextlib
 import sys
 import typing
+from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 
@@ -179,7 +180,7 @@ class BufferHandle:
                 events = buffer.events
                 pending = None
                 if events:
-                    asked = tuple(events)  # a query() may record more on this handle
+                    asked = _copy(events)  # a query() (a thread) may record more meanwhile
                     try:
                         if len(asked) == 1:
                             pending = [] if asked[0].query() else [asked[0]]
@@ -188,9 +189,9 @@ class BufferHandle:
                     except BaseException as caught:  # user code: the buffer stays parked
                         pending, error = list(asked), caught
                     if buffer.recorded != seen:  # a query() recorded more: pending, unasked
+                        seen = buffer.recorded  # first: a later one makes the move refuse
                         ids = {id(event) for event in asked}
-                        pending += [event for event in buffer.events or () if id(event) not in ids]
-                        seen = buffer.recorded
+                        pending += [event for event in _copy(buffer.events) if id(event) not in ids]
                     pending = pending or None
                     if self._token != token or buffer.token != token:  # a query() released it
                         if error is not None:
@@ -429,3 +430,12 @@ def _add_note(exc: BaseException, note: str) -> None:
         else:
             with contextlib.suppress(AttributeError, TypeError):
                 setattr(exc, "__notes__", [note])  # noqa: B010 - not typed on 3.10
+
+
+def _copy(events: Iterable[CompletionEvent] | None) -> tuple[CompletionEvent, ...]:
+    """A copy of a hand-out's events, which another thread's record may change meanwhile."""
+    while True:
+        try:
+            return tuple(events or ())
+        except RuntimeError:  # changed while copied (deque mutated during iteration): again
+            continue
