@@ -180,7 +180,10 @@ class BufferHandle:
                 events = buffer.events
                 pending = None
                 if events:
-                    asked = _copy(events)  # a query() (a thread) may record more meanwhile
+                    try:  # a copy: a query() (or a thread) may record more meanwhile
+                        asked = tuple(events)
+                    except RuntimeError:  # another thread's record changed it as copied
+                        asked = _copy(events)
                     try:
                         if len(asked) == 1:
                             pending = [] if asked[0].query() else [asked[0]]
