@@ -173,6 +173,10 @@ class Buffer(ViewFills):
         # At "checks", a tuple of its own per hand-out over cached views checked intact:
         # stale views are then told from the live ones (`check_live`).
         self.own_sets = own_sets
+        # torch's version counter of the buffer's own tensor, as last seen.  It decides
+        # nothing about who holds the buffer (tokens, under the lock, do): only whether the
+        # cached views must be checked before the next hand-out.  The tensor is always a
+        # plain one (`new_tensor`, outside inference mode), whose counter never raises.
         self.version = -1 if guard is not None or own_sets else self.base._version
         #: The hand-out that holds it: its token (> 0); 0 when cached or freed; minus the
         #: token of the hand-out it waits for while parked.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 
 from bucketpool import _fill, _guard, _verify
 from bucketpool._buckets import as_index
-from bucketpool._buffer import AS_RECORDED, LEAK, VIEW_SET_BYTES
+from bucketpool._buffer import AS_RECORDED, LEAK
 from bucketpool._errors import ReleaseError
 from bucketpool._inbox import take_back, warn
 from bucketpool._lock import LATE, inside, owned
@@ -174,7 +174,7 @@ class BufferHandle:
                 buffer.version = -2
             if pool._watching:
                 buffer.released_at = _verify.site(pool._full_stack)
-            views = (len(buffer.views) + (buffer.whole is not None)) * VIEW_SET_BYTES
+            views = buffer.views_cost()
             while True:  # again if an event is recorded meanwhile (by a query(), a thread)
                 seen = buffer.recorded
                 events = buffer.events
@@ -374,9 +374,16 @@ class BufferHandle:
             TypeError: an input is not integer.
         """
         plan = _fill.plan_block_copies(
-            self._buffer._arrays, first, src_base, dst_base, src_blocks, dst_blocks,
-            block_bytes, total_bytes, coalesce,
-        )  # fmt: skip
+            self._buffer._arrays,
+            first,
+            src_base,
+            dst_base,
+            src_blocks,
+            dst_blocks,
+            block_bytes,
+            total_bytes,
+            coalesce,
+        )
         buffer = self._live("add_block_copies")
         return _fill.write_block_copies(buffer.arrays, buffer.n, plan)
 

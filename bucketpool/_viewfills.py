@@ -79,9 +79,16 @@ class ViewFills:
         """`DescriptorBuffers.add_block_copies`: read every input, check, write."""
         token = self.token
         plan = _fill.plan_block_copies(
-            self._arrays, first, src_base, dst_base, src_blocks, dst_blocks, block_bytes,
-            total_bytes, coalesce,
-        )  # fmt: skip
+            self._arrays,
+            first,
+            src_base,
+            dst_base,
+            src_blocks,
+            dst_blocks,
+            block_bytes,
+            total_bytes,
+            coalesce,
+        )
         self.check_live(views, "add_block_copies", token)
         return _fill.write_block_copies(self.arrays, self.n, plan)
 

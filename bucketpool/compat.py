@@ -223,7 +223,7 @@ class _Adapter(typing.Generic[_Buffers]):
         buffer, _ = HELD[id(held)]
         if pool._watching:
             pool._handed_out(buffer)
-        if buffer.base._version != buffer.version:
+        if buffer.base._version != buffer.version:  # views to check, not holding: `Buffer`
             # A holder changed the views in place: this hand-out gets a tuple of intact ones.
             fresh, fresh_id = self._make(buffer, True)
             # Bound to the new tuple before the old lets go: a signal between the two

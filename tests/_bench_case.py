@@ -25,8 +25,11 @@ def run_case(case: Case, rounds: int = 2) -> dict[str, Measurement]:
     return figures
 
 
-def tiny_run() -> BenchResult:
-    """A whole benchmark run at toy sizes (three traces and every other case kind)."""
+def tiny_run(
+    names: Sequence[str] | None = ("repeated-64", "normal-64", "spike"),
+) -> BenchResult:
+    """A whole benchmark run at toy sizes: the traces *names* (None: all) and every other
+    case kind."""
     settings = Settings(
         rounds=2,
         max_rounds=2,
@@ -37,7 +40,7 @@ def tiny_run() -> BenchResult:
         stuck=200,
         min_pass_ns=10_000,
     )
-    traces = [t for t in builtin_traces(40) if t.name in ("repeated-64", "normal-64", "spike")]
+    traces = [t for t in builtin_traces(40) if names is None or t.name in names]
     return run_benchmark(settings, build_cases(settings, traces, CASE_KINDS))
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import _bench_case
 import pytest
 
 from bench import _report as report
 from bench._cases import TraceCase
-from bench._runner import BenchResult, Settings, build_cases, run_benchmark
+from bench._runner import BenchResult
 from bench._stats import Measurement, exact
 from bench._targets import exit_status
-from bench._traces import CASE_KINDS, builtin_traces
 
 #: The most lines the summary may take: one screen.
 SCREEN = 60
@@ -18,17 +18,7 @@ SCREEN = 60
 @pytest.fixture(scope="module")
 def tiny_run() -> BenchResult:
     """Every trace and case at toy sizes: a report as long as a full run's."""
-    settings = Settings(
-        rounds=2,
-        max_rounds=2,
-        budget_s=0,
-        ops=40,
-        thread_ops=5,
-        parked=20,
-        stuck=200,
-        min_pass_ns=10_000,
-    )
-    return run_benchmark(settings, build_cases(settings, builtin_traces(40), CASE_KINDS))
+    return _bench_case.tiny_run(None)
 
 
 def test_formatting() -> None:
