@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from bucketpool._buckets import bucket_capacity
 from bucketpool._errors import (
     CapacityError,
     InFlightWriteError,
@@ -15,9 +14,9 @@ from bucketpool._errors import (
 )
 from bucketpool._handle import BufferHandle
 from bucketpool._pool import BucketPool
-from bucketpool._settings import DebugLevel, Settings
+from bucketpool._settings import DebugLevel, Settings, bucket_capacity
 from bucketpool._stats import BucketStats, OutstandingBuffer, PoolStats, Stat
-from bucketpool._types import CompletionEvent, DescriptorBuffers
+from bucketpool._views import CompletionEvent, DescriptorBuffers
 
 try:  # single-sourced: the version is the one in pyproject.toml, as installed
     __version__ = importlib.metadata.version("bucketpool")

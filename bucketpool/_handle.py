@@ -1,4 +1,4 @@
-"""The caller's side of a hand-out: `BufferHandle`, its views, fills and events.
+"""The caller's side of a hand-out: `BufferHandle`.
 
 A handle owns nothing by itself.  It names one hand-out of one buffer: the buffer, and the
 token the ledger gave that hand-out.  Every call first checks that the token is still the
@@ -8,25 +8,26 @@ buffer's, so a stale or forged handle can do nothing; releasing sets the handle'
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import sys
 import typing
-from collections.abc import Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, NoReturn, SupportsIndex
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
-from bucketpool import _fill, _guard, _verify
-from bucketpool._buckets import as_index
-from bucketpool._buffer import AS_RECORDED, LEAK
+from bucketpool import _debug
+from bucketpool._buffer import field_arrays
 from bucketpool._errors import ReleaseError
-from bucketpool._inbox import take_back, warn
-from bucketpool._lock import LATE, inside, owned
-from bucketpool._types import CompletionEvent, DescriptorArrays, DescriptorBuffers, IntegerInput
+from bucketpool._ledger import AS_RECORDED, LEAK
+from bucketpool._lock import LATE, owned
+from bucketpool._views import (
+    CompletionEvent,
+    DescriptorArrays,
+    DescriptorBuffers,
+    IntegerInput,
+    record,
+)
 
 if TYPE_CHECKING:
     from bucketpool._buffer import Buffer
-    from bucketpool._types import PoolCore
 
 __all__ = ["BufferHandle"]
 
@@ -47,7 +48,7 @@ class BufferHandle:
     # A plain __slots__ class: handles are made on the hot path without calling __init__.
     __slots__ = ("_buffer", "_n", "_pool", "_token")
 
-    _pool: PoolCore
+    _pool: Any  # the `bucketpool.BucketPool` that handed it out (which imports this module)
     _buffer: Buffer
     _token: int  # the hand-out's token; 0 once this handle released it
     _n: int
@@ -64,22 +65,17 @@ class BufferHandle:
         if token <= 0:  # released (the common case: nothing more to read)
             return
         buffer = self._buffer
-        if buffer.token == token:  # dropped while it held the buffer
-            buffer.bucket.inbox.append(
-                (buffer, token, LEAK, buffer.views_cost())
-            )  # from here on the pool has it
-            if inside():  # never wait for the lock from inside it: the move's caller drains
+        if buffer.token == token:  # dropped while it held the buffer: from here on, the pool's
+            buffer.bucket.inbox.append((buffer, token, LEAK, buffer.views_cost()))
+            if owned():  # never wait for the lock from inside it: the move's caller drains
                 LATE.append(self._pool._self_ref)
             else:
                 self._pool._drain()
 
-    # -- what the holder sees ------------------------------------------------------------
-
     @property
     def n(self) -> int:
         """The number of entries the views have."""
-        buffer = self._buffer
-        return buffer.n if buffer.token == self._token else self._n
+        return self._n
 
     @property
     def capacity(self) -> int:
@@ -95,10 +91,9 @@ class BufferHandle:
     def acquired_at(self) -> str | None:
         """Where the handle was acquired, when the pool traces (``trace`` or a debug level)."""
         buffer = self._buffer
-        token = self._token
-        if token <= 0 or buffer.token != token or buffer.site is None:
+        if self.released or buffer.site is None:
             return None
-        return _verify.format_site(buffer.site)  # type: ignore[arg-type]
+        return _debug.format_site(buffer.site)
 
     @property
     def buffers(self) -> DescriptorBuffers:
@@ -107,11 +102,7 @@ class BufferHandle:
         Raises:
             ReleaseError: the handle has been released.
         """
-        buffer = self._live("buffers")
-        views = buffer.current
-        if views is None or buffer.base._version != buffer.version:
-            views = buffer.current = buffer.views_for(buffer.n)
-        return views
+        return self._live("buffers").views_for(self._n)
 
     @property
     def arrays(self) -> DescriptorArrays:
@@ -120,10 +111,7 @@ class BufferHandle:
         Raises:
             ReleaseError: the handle has been released.
         """
-        buffer = self._live("arrays")
-        if buffer.guard is not None:
-            return _guard.guarded_arrays(buffer, buffer.n)
-        return buffer.field_arrays(buffer.n)
+        return field_arrays(self._live("arrays"), self._n)
 
     def __enter__(self) -> DescriptorBuffers:
         """Return the views; the ``with`` block releases the handle when it ends."""
@@ -132,12 +120,11 @@ class BufferHandle:
         if token <= 0 or buffer.token != token:
             self._refuse("with")
         if buffer.base._version == buffer.version:
-            views = buffer.views.get(buffer.n)
+            views = buffer.views.get(self._n)
             if views is not None:
-                buffer.current = views
+                views._token = token
                 return views
-        views = buffer.current = buffer.views_for(buffer.n)
-        return views
+        return buffer.views_for(self._n)
 
     def __exit__(
         self,
@@ -173,7 +160,7 @@ class BufferHandle:
                 # (a failed resize_ or out=): the next hand-out checks every view set.
                 buffer.version = -2
             if pool._watching:
-                buffer.released_at = _verify.site(pool._full_stack)
+                buffer.released_at = _debug.site(pool._full_stack)
             views = buffer.views_cost()
             while True:  # again if an event is recorded meanwhile (by a query(), a thread)
                 seen = buffer.recorded
@@ -222,17 +209,12 @@ class BufferHandle:
                 # Taken back at once (parked, cached or freed: a cap frees it before this
                 # returns), then the handle lets go: a signal between the two finds the
                 # hand-out over all the same (the buffer's token moved on).
-                problems: list[str] = []
-                entry = (buffer, token, pending, views)
-                ledger, reported = pool._ledger, pool._reported
-                taken = take_back(ledger, buffer.bucket, reported, problems, entry, seen)
+                taken = pool._take_back((buffer, token, pending, views), seen)
                 if taken is None:
                     continue
                 self._token = 0
                 if not taken:  # another thread released this handle meanwhile
                     raise ReleaseError(self._released_message("release"))
-                for problem in problems:
-                    warn(problem, RuntimeWarning)
                 break
             if LATE:  # a finaliser that ran inside this release's move queued a release
                 pool._drain()
@@ -256,70 +238,16 @@ class BufferHandle:
             BaseException: whatever an event's ``query()`` raised; the release took effect
                 and the buffer stays parked until the event reports done.
         """
-        buffer = self._buffer
-        token = self._token
-        if token <= 0 or buffer.token != token:
-            self._refuse("release")
+        self._live("release")
         self.__exit__(None, None, None)
 
     def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
-        """Shrink the views, in place, to their first *count* entries, and return them.
-
-        A buffer's entries are not cleared between holders: entries a step did not write
-        hold whatever the last holder left.  Pass `swap_blocks_batch` exactly what was
-        written by shrinking to the count that `add_copies` or `add_block_copies` returned::
-
-            with pool.acquire(n) as bufs:
-                written = bufs.add_copies(0, sources, destinations, sizes)
-                swap_blocks_batch(*bufs.shrink(written))
-
-        The views bound by the ``with`` statement are the ones resized; `n` becomes
-        *count*.  No tensor is created.
-
-        Raises:
-            ReleaseError: the handle has been released.
-            TypeError: *count* is not an integer.
-            ValueError: *count* is negative or above `n`.
-        """
-        k = as_index(count, "shrink: count", hint="pass the index add_copies() returned")
-        self._live("shrink")
-        views = self.buffers
-        buffer = self._buffer
-        if not 0 <= k <= buffer.n:
-            raise ValueError(
-                f"shrink: count={k} is outside 0..n={buffer.n}; views can only shrink (acquire "
-                "a larger handle to write more entries)"
-            )
-        buffer.narrow(views, k)
-        self._n = k
-        return views
+        """Views of the first *count* entries; see `DescriptorBuffers.shrink`."""
+        return self._live("shrink").views_for(self._n).shrink(count)
 
     def record_event(self, event: CompletionEvent) -> None:
-        """Keep the buffer out of reuse until *event* reports done.
-
-        Record the event after the `swap_blocks_batch` call (or upload) that reads the
-        descriptors.  Several events may be recorded; all must complete.  Events found done
-        while the handle is held are dropped.
-
-        Raises:
-            ReleaseError: the handle has been released.
-            TypeError: *event* has no ``query()`` method.
-            InFlightWriteError: (debug levels) the descriptors changed while an earlier
-                recorded copy could still read them; *event* was recorded all the same.
-        """
-        buffer = self._buffer
-        token = self._token
-        if token <= 0 or buffer.token != token:
-            self._refuse("record_event")
-        pool = self._pool
-        if buffer.events is None and not pool._level and callable(getattr(event, "query", 0)):
-            recorded = pool._ledger.add_event(  # the first: nothing to ask, one move
-                buffer, token, event, collections.deque(), None, False, None
-            )
-        else:
-            recorded = pool._record(buffer, token, event)
-        if not recorded:
-            self._refuse("record_event")  # its hand-out ended meanwhile
+        """Keep the buffer out of reuse until *event* is done; see `DescriptorBuffers`."""
+        record(self._live("record_event"), self._token, event)
 
     def add_copies(
         self,
@@ -328,24 +256,9 @@ class BufferHandle:
         destinations: IntegerInput,
         byte_counts: IntegerInput | SupportsIndex,
     ) -> int:
-        """Write copies into entries ``[first, first + k)`` and return ``first + k``.
-
-        *sources* and *destinations* are numpy integer arrays, CPU integer tensors or
-        sequences of ints of one length ``k``; *byte_counts* is the same or one integer for
-        every copy.  Addresses up to 2**64 - 1 are stored exactly (as their bit pattern in
-        an int64 pool).  Every input is read before the hand-out is checked and the first
-        entry is written, so a call that raises writes nothing.
-
-        Raises:
-            ReleaseError: the handle has been released.
-            CapacityError: ``first + k > n`` (an `IndexError` and a `ValueError`).
-            ValueError: lengths differ, or a byte count is negative.
-            TypeError: an input is not integer.
-        """
-        # Planning reads the arrays' dtypes only: the checked `arrays` is for the write.
-        plan = _fill.plan_copies(self._buffer._arrays, first, sources, destinations, byte_counts)
-        buffer = self._live("add_copies")
-        return _fill.write_copies(buffer.arrays, buffer.n, plan)
+        """Write copies into the views; see `DescriptorBuffers.add_copies`."""
+        views = self._live("add_copies").views_for(self._n)
+        return views.add_copies(first, sources, destinations, byte_counts)
 
     def add_block_copies(
         self,
@@ -359,35 +272,12 @@ class BufferHandle:
         total_bytes: SupportsIndex | None = None,
         coalesce: bool = True,
     ) -> int:
-        """Write copies of whole blocks between two block-structured regions.
-
-        Copy ``i`` moves *block_bytes* from ``src_base + src_blocks[i] * block_bytes`` to
-        ``dst_base + dst_blocks[i] * block_bytes``.  With *coalesce*, runs where both block
-        indices are consecutive become one descriptor.  *total_bytes* trims the last copy so
-        that exactly that many bytes move.  Returns the next free entry.  Every input is
-        read before the hand-out is checked and the first entry is written.
-
-        Raises:
-            ReleaseError: the handle has been released.
-            CapacityError: the descriptors do not fit in ``[first, n)``.
-            ValueError: bad lengths, block indices, block size or *total_bytes*.
-            TypeError: an input is not integer.
-        """
-        plan = _fill.plan_block_copies(
-            self._buffer._arrays,
-            first,
-            src_base,
-            dst_base,
-            src_blocks,
-            dst_blocks,
-            block_bytes,
-            total_bytes,
-            coalesce,
+        """Write copies of whole blocks; see `DescriptorBuffers.add_block_copies`."""
+        return self._live("add_block_copies").views_for(self._n).add_block_copies(
+            *(first, src_base, dst_base, src_blocks, dst_blocks, block_bytes),
+            total_bytes=total_bytes,
+            coalesce=coalesce,
         )
-        buffer = self._live("add_block_copies")
-        return _fill.write_block_copies(buffer.arrays, buffer.n, plan)
-
-    # -- no second holder -----------------------------------------------------------------
 
     def __copy__(self) -> NoReturn:
         raise TypeError(_NO_COPY)
@@ -429,23 +319,16 @@ _NO_COPY = (
 )
 
 
-def _add_note(exc: BaseException, note: str) -> None:
-    """`BaseException.add_note` (3.11+); on 3.10 the same ``__notes__`` list, unprinted."""
-    if sys.version_info >= (3, 11):
-        exc.add_note(note)
-    else:  # pragma: no cover - 3.10 only
-        notes = getattr(exc, "__notes__", None)
-        if isinstance(notes, list):
-            notes.append(note)
-        else:
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(exc, "__notes__", [note])  # noqa: B010 - not typed on 3.10
-
-
-def _copy(events: Iterable[CompletionEvent] | None) -> tuple[CompletionEvent, ...]:
+def _copy(events: Any) -> tuple[CompletionEvent, ...]:
     """A copy of a hand-out's events, which another thread's record may change meanwhile."""
     while True:
         try:
             return tuple(events or ())
         except RuntimeError:  # changed while copied (deque mutated during iteration): again
             continue
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """`BaseException.add_note` (3.11 and later; on 3.10 the note is dropped)."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)

@@ -1,148 +1,43 @@
-"""Reading and checking a fill's inputs: the only place where a fill runs user code.
+"""Reading a fill's inputs: the only place a fill runs user code, and every check it makes.
 
-A fill runs in two phases.  Here the arguments are read -- an argument's ``__index__``, a
-sequence's ``__len__``, ``__iter__`` and ``__getitem__``, a tensor's ``numpy()``, an ndarray
-subclass's methods run here and only here -- and every value is checked, converted and (for
-block copies, in `bucketpool._blocks`, which reads through the functions here) planned into
-runs.  The plans hold only Python ints and base-class ``numpy.ndarray`` objects
-(``np.asarray`` reads a subclass as a base-class view), so the writer (`bucketpool._fill`),
-which runs numpy on a plan and its destination arrays only, cannot call back into user code
-between the checks and the writes.  A plan's arrays may be the caller's own where no
-conversion was needed, so they must not change before the plan is written; the writer,
-which knows the destination, checks that a plan fits it and copies an input that may share
-memory with it.
+A fill reads its arguments here (``__index__``, ``__len__``, ``__iter__``, a tensor's
+``numpy()``, an ndarray subclass's methods run here and only here) into a plan: ``first``,
+``k`` and three columns in the pool's dtype -- base-class numpy arrays, or one int for the
+sizes -- so that nothing can run between the hand-out's check and the write
+(`bucketpool._views`).  Block copies are planned here in full: their columns are new
+arrays, computed in int64 arithmetic, which wraps mod 2**64 and so gives the addresses'
+bits for int64 and uint64 alike.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any, NoReturn, SupportsIndex, final
+from typing import Any, SupportsIndex
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from bucketpool._types import IntArray, IntegerInput
+__all__ = ["MAX_ADDRESS", "MAX_BYTES", "Plan", "as_integer", "read_block_copies", "read_copies"]
 
-__all__ = [
-    "MAX_ADDRESS",
-    "MAX_BYTES",
-    "CopyPlan",
-    "as_integer",
-    "check_address",
-    "check_non_negative",
-    "read_copies",
-    "to_array",
-]
-
-#: The largest address: addresses are 64-bit patterns.
 MAX_ADDRESS = (1 << 64) - 1
-#: The largest byte count, and the bound on a block region's span.
 MAX_BYTES = (1 << 63) - 1
+IntArray = npt.NDArray[np.integer[Any]]
+#: ``(first, k, sources, destinations, sizes)``: *k* checked copies from entry *first* on,
+#: columns in the pool's dtype; sizes may be one int for every copy.
+Plan = tuple[int, int, IntArray, IntArray, "IntArray | int"]
+
 _I64 = np.dtype(np.int64)
+_U64 = np.dtype(np.uint64)
 _ACCEPTED = "a 1-D numpy integer array, a CPU integer tensor or a sequence of ints"
-_OP = "add_copies"
-
-
-# Plans are plain slots classes that attrs writes: one is built per fill, and a NamedTuple
-# or an attrs.frozen class measured clearly slower to build. Treat them as read-only.
-@final
-@attrs.define(eq=False)
-class CopyPlan:
-    """What `read_copies` read: *k* checked copies to write from entry *first* on.
-
-    The columns are 1-D base-class arrays in the destination columns' dtypes; *byte_counts*
-    may instead be one int for every copy.  *first* is not checked against any length.
-    """
-
-    first: int
-    k: int
-    sources: IntArray
-    destinations: IntArray
-    byte_counts: IntArray | int
-
-
-def read_copies(
-    first: SupportsIndex,
-    sources: IntegerInput,
-    destinations: IntegerInput,
-    byte_counts: IntegerInput | SupportsIndex,
-    src_dtype: np.dtype[Any],
-    dst_dtype: np.dtype[Any],
-    size_dtype: np.dtype[Any],
-) -> CopyPlan:
-    """Read and check the arguments of `bucketpool._fill.add_copies` into a `CopyPlan`.
-
-    Makes every check ``add_copies`` makes but the span's (*first* against the length,
-    which the writer checks), raising the same errors with the same messages.  Thread-safe
-    as far as the inputs are: no other thread may change them while they are read.
-
-    Args:
-        first: the first entry to write.
-        sources: *k* source addresses, in any form ``add_copies`` takes.
-        destinations: *k* destination addresses, likewise.
-        byte_counts: *k* byte counts, likewise, or one integer for every copy.
-        src_dtype: the source column's dtype (int64 or uint64), which *sources* is read into.
-        dst_dtype: the destination column's dtype, which *destinations* is read into.
-        size_dtype: the sizes column's dtype, which an array of byte counts is read into.
-
-    Returns:
-        The plan: ints and 1-D base-class arrays.
-
-    Raises:
-        TypeError: as ``add_copies`` raises it.
-        ValueError: as ``add_copies`` raises it.
-    """
-    start = first if type(first) is int else as_integer(first, "first", _OP)
-    # Fast path: a numpy array already in the destination dtype needs no conversion and no
-    # check (every 64-bit pattern is a valid address). Identity of builtin dtypes is cheap.
-    if type(sources) is np.ndarray and sources.dtype is src_dtype and sources.ndim == 1:
-        src = sources
-    else:
-        src = _addresses(sources, "sources", src_dtype)
-    if (
-        type(destinations) is np.ndarray
-        and destinations.dtype is dst_dtype
-        and destinations.ndim == 1
-    ):
-        dst = destinations
-    else:
-        dst = _addresses(destinations, "destinations", dst_dtype)
-    k = len(src)
-    if len(dst) != k:
-        raise ValueError(
-            f"{_OP}: sources and destinations must have the same length, got {k} sources and "
-            f"{len(dst)} destinations; pass one destination per source"
-        )
-    counts: IntArray | int
-    if (
-        type(byte_counts) is np.ndarray
-        and byte_counts.dtype is size_dtype
-        and byte_counts.ndim == 1
-        and len(byte_counts) == k
-    ):
-        counts = byte_counts
-        # One argmin finds negative counts and, through an int64 view, uint64 counts >= 2**63.
-        # ndarray.argmin costs about a third of ndarray.min(), which goes through Python.
-        signed = counts if size_dtype is _I64 else counts.view(_I64)
-        if k and signed.item(signed.argmin()) < 0:
-            _reject_byte_counts(counts, signed)
-    elif type(byte_counts) is int or isinstance(byte_counts, (int, np.integer)):
-        counts = _byte_count(byte_counts, "byte_counts", _OP)
-    else:
-        counts = _byte_counts(byte_counts, size_dtype)
-        if len(counts) != k:
-            raise ValueError(
-                f"{_OP}: byte_counts must have one entry per copy: got {len(counts)} byte "
-                f"counts for {k} sources; pass {k} counts or one integer for every copy"
-            )
-    return CopyPlan(start, k, src, dst, counts)
+#: Items numpy reads as ints in a list that are not ints (a 0-d array may hold a bool).
+_SUSPECT = frozenset((bool, np.bool_, np.ndarray))
+_INT_ONLY = frozenset((int,))
 
 
 def as_integer(value: object, name: str, op: str) -> int:
-    """Return *value* as an int: anything `operator.index` takes (numpy integers), not bools."""
+    """*value* as an int: anything `operator.index` takes (numpy integers), not bools."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(
             f"{op}: {name} must be an integer, not bool ({name}={value!r}); pass an int"
@@ -156,36 +51,79 @@ def as_integer(value: object, name: str, op: str) -> int:
         ) from None
 
 
-def check_address(value: int, name: str, op: str) -> None:
-    """Raise a ValueError naming *name* unless *value* is in 0..2**64-1."""
-    if not 0 <= value <= MAX_ADDRESS:
-        raise ValueError(f"{op}: {name} must be an address in 0..2**64-1, got {name}={value}")
+def read_copies(
+    first: SupportsIndex,
+    sources: object,
+    destinations: object,
+    byte_counts: object,
+    dtype: np.dtype[Any],
+) -> Plan:
+    """Read and check `DescriptorBuffers.add_copies`' arguments for columns of *dtype*.
+
+    Every check but the span's (which needs the hand-out) is made here.
+    """
+    start = first if type(first) is int else as_integer(first, "first", "add_copies")
+    src = _addresses(sources, "sources", dtype)
+    dst = _addresses(destinations, "destinations", dtype)
+    k = len(src)
+    if len(dst) != k:
+        raise ValueError(
+            f"add_copies: sources and destinations must have the same length, got {k} sources "
+            f"and {len(dst)} destinations; pass one destination per source"
+        )
+    if type(byte_counts) is int or isinstance(byte_counts, (int, np.integer)):
+        count = (
+            byte_counts
+            if type(byte_counts) is int
+            else as_integer(byte_counts, "byte_counts", "add_copies")
+        )
+        if not 0 <= count <= MAX_BYTES:
+            raise ValueError(
+                "add_copies: byte_counts must be a byte count in 0..2**63-1, got "
+                f"byte_counts={count}"
+            )
+        return start, k, src, dst, count
+    counts = _to_array(byte_counts, "byte_counts")
+    if len(counts) != k:
+        raise ValueError(
+            f"add_copies: byte_counts must have one entry per copy: got {len(counts)} byte "
+            f"counts for {k} sources; pass {k} counts or one integer for every copy"
+        )
+    signed = counts if counts.dtype.kind == "i" or counts.itemsize < 8 else counts.view(_I64)
+    if k and signed.item(signed.argmin()) < 0:
+        i = int(signed.argmin())
+        raise ValueError(
+            f"byte_counts[{i}] = {counts[i]} is outside 0..2**63-1; byte counts must be >= 0 "
+            "and below 2**63"
+        )
+    return start, k, src, dst, counts if counts.dtype == dtype else counts.astype(dtype)
 
 
-def _byte_count(value: object, name: str, op: str) -> int:
-    count = value if type(value) is int else as_integer(value, name, op)
-    if not 0 <= count <= MAX_BYTES:
-        raise ValueError(f"{op}: {name} must be a byte count in 0..2**63-1, got {name}={count}")
-    return count
+def _addresses(values: object, name: str, dtype: np.dtype[Any]) -> IntArray:
+    """*values* as 64-bit patterns in *dtype*: 64-bit input as is, narrower ones >= 0."""
+    arr = _to_array(values, name)
+    if arr.dtype.itemsize == 8:  # int64 input is taken as a bit pattern: reinterpreted
+        return arr if arr.dtype is dtype else arr.view(dtype)
+    if arr.dtype.kind == "i":
+        _check_non_negative(arr, name)
+    return arr.astype(dtype)
 
 
-def _describe(values: object) -> str:
-    if isinstance(values, np.ndarray):
-        return f"a numpy array of dtype {values.dtype}"
-    if isinstance(values, torch.Tensor):
-        return f"a tensor of dtype {values.dtype}"
-    return f"{type(values).__name__} {values!r:.60}"
-
-
-def to_array(values: object, name: str) -> IntArray:
-    """Return *values* as a 1-D native-endian integer array, checking Python ints' range."""
-    if type(values) is np.ndarray and values.ndim == 1:
-        dtype = values.dtype
-        if dtype.kind in "iu" and dtype.isnative:
-            return values
+def _to_array(values: object, name: str) -> IntArray:
+    """*values* as a 1-D native-endian integer array; Python ints are checked >= 0."""
+    if type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind in "iu":
+        return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
+    if type(values) is list and _INT_ONLY.issuperset(map(type, values)):
+        try:  # the common list: plain ints below 2**63, read in one call
+            arr: npt.NDArray[Any] = np.array(values, dtype=_I64)
+        except OverflowError:
+            pass
+        else:
+            _check_non_negative(arr, name)
+            return arr
     from_python = False
     if isinstance(values, np.ndarray):
-        arr: npt.NDArray[Any] = np.asarray(values)  # a subclass, or a 0-d / 2-D array
+        arr = np.asarray(values)  # a subclass, or a 0-d / 2-D array
     elif isinstance(values, torch.Tensor):
         if not values.is_cpu:
             raise TypeError(
@@ -203,12 +141,12 @@ def to_array(values: object, name: str) -> IntArray:
             arr = np.asarray(items)
         except (TypeError, ValueError, OverflowError):
             raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}") from None
-        if arr.dtype.kind in "fO" and arr.ndim == 1:
-            # numpy reads a list mixing ints >= 2**63 with other ints as float64 (inexact),
-            # and ints beyond 64 bits as objects: read such lists exactly, or reject them.
+        if (arr.dtype.kind in "fO" and arr.ndim == 1) or (
+            arr.dtype.kind in "iu" and not _SUSPECT.isdisjoint(map(type, items))
+        ):
+            # Ints past 2**63 mixed with others read as floats (inexact) or objects, and
+            # bools read as ints: read item by item, or refused.
             arr = _python_ints(items, name)
-        elif arr.dtype.kind in "iu" and not _SUSPECT.isdisjoint(map(type, items)):
-            arr = _python_ints(items, name)  # numpy took bools (0-d arrays too) as ints: refused
     else:
         raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}")
     if arr.dtype.kind not in "iu":
@@ -218,12 +156,8 @@ def to_array(values: object, name: str) -> IntArray:
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if from_python and arr.dtype.kind == "i":
-        check_non_negative(arr, name)
+        _check_non_negative(arr, name)
     return arr
-
-
-#: Items numpy reads as ints in a list that are not ints (a 0-d array may hold a bool).
-_SUSPECT = frozenset((bool, np.bool_, np.ndarray))
 
 
 def _python_ints(items: Sequence[object], name: str) -> npt.NDArray[np.uint64]:
@@ -237,38 +171,111 @@ def _python_ints(items: Sequence[object], name: str) -> npt.NDArray[np.uint64]:
     return np.array(items, dtype=np.uint64)
 
 
-def check_non_negative(arr: IntArray, name: str) -> None:
-    """Raise a ValueError naming the smallest entry of *arr* if it is negative."""
-    if len(arr) and arr[arr.argmin()] < 0:
+def _describe(values: object) -> str:
+    if isinstance(values, (np.ndarray, torch.Tensor)):
+        kind = "a numpy array" if isinstance(values, np.ndarray) else "a tensor"
+        return f"{kind} of dtype {values.dtype}"
+    return f"{type(values).__name__} {values!r:.60}"
+
+
+def _check_non_negative(arr: IntArray, name: str) -> None:
+    if len(arr) and arr.item(arr.argmin()) < 0:
         i = int(arr.argmin())
         raise ValueError(f"{name}[{i}] = {arr[i]} is negative; {name} must be >= 0")
 
 
-def _addresses(values: object, name: str, target: np.dtype[Any]) -> IntArray:
-    arr = to_array(values, name)
-    if arr.dtype.itemsize == 8:
-        # int64 input is taken as a bit pattern; a view reinterprets it for free.
-        return arr if arr.dtype == target else arr.view(target)
-    if arr.dtype.kind == "i":
-        check_non_negative(arr, name)
-    return arr.astype(target)
+# -- block copies ---------------------------------------------------------------------------
 
 
-def _byte_counts(values: object, target: np.dtype[Any]) -> IntArray:
-    arr = to_array(values, "byte_counts")
-    if len(arr) == 0:
-        return arr
-    signed = arr if arr.dtype.kind == "i" or arr.dtype.itemsize < 8 else arr.view(_I64)
-    if signed[signed.argmin()] < 0:
-        _reject_byte_counts(arr, signed)
-    if arr.dtype.itemsize == 8:
-        return arr if arr.dtype == target else arr.view(target)
-    return arr.astype(target)
+def read_block_copies(
+    first: SupportsIndex,
+    src_base: SupportsIndex,
+    dst_base: SupportsIndex,
+    src_blocks: object,
+    dst_blocks: object,
+    block_bytes: SupportsIndex,
+    total_bytes: SupportsIndex | None,
+    coalesce: object,
+    dtype: np.dtype[Any],
+) -> Plan:
+    """Read and check `DescriptorBuffers.add_block_copies`' arguments; plan its descriptors.
+
+    With *coalesce*, each run whose source and destination indices both step by one
+    becomes one descriptor.  Every offset is checked below 2**63 and every region inside
+    the 64-bit address space.
+    """
+    op = "add_block_copies"
+    if not isinstance(coalesce, (bool, np.bool_)):  # a string or a count would read as true
+        raise TypeError(f"{op}: coalesce must be True or False, got {coalesce!r}")
+    start = first if type(first) is int else as_integer(first, "first", op)
+    bases = []
+    for name, value in (("src_base", src_base), ("dst_base", dst_base)):
+        base = value if type(value) is int else as_integer(value, name, op)
+        if not 0 <= base <= MAX_ADDRESS:
+            raise ValueError(f"{op}: {name} must be an address in 0..2**64-1, got {name}={base}")
+        bases.append(base)
+    step = block_bytes if type(block_bytes) is int else as_integer(block_bytes, "block_bytes", op)
+    if not 0 < step <= MAX_BYTES:
+        raise ValueError(
+            f"{op}: block_bytes must be in 1..2**63-1, got block_bytes={step}; pass the size "
+            "of one block in bytes"
+        )
+    src = _to_array(src_blocks, "src_blocks")
+    dst = _to_array(dst_blocks, "dst_blocks")
+    count = len(src)
+    if len(dst) != count:
+        raise ValueError(
+            f"{op}: src_blocks and dst_blocks must have the same length, got {count} source "
+            f"blocks and {len(dst)} destination blocks; pass one destination block per source block"
+        )
+    trim = 0
+    if total_bytes is not None:
+        total = as_integer(total_bytes, "total_bytes", op)
+        if total < 0 or not (count - 1) * step < total <= count * step:
+            raise ValueError(
+                f"{op}: total_bytes={total} does not fit {count} blocks of {step} bytes: it "
+                f"must be in {max(0, (count - 1) * step + 1)}..{count * step} (every block but "
+                "the last is copied whole); pass None to copy whole blocks"
+            )
+        trim = count * step - total
+    if not count:
+        empty = np.empty(0, dtype)
+        return start, 0, empty, empty, empty
+    src = _check_blocks(src, "src_blocks", bases[0], step)
+    dst = _check_blocks(dst, "dst_blocks", bases[1], step)
+    sizes = np.full(count, step, _I64)
+    if coalesce and count > 1:
+        breaks = ((src[1:] - src[:-1]) != 1) | ((dst[1:] - dst[:-1]) != 1)
+        if not breaks.all():
+            starts = np.flatnonzero(np.concatenate(([True], breaks)))
+            sizes = np.diff(np.append(starts, count)) * step
+            src, dst = src[starts], dst[starts]
+    if trim:
+        sizes[-1] -= trim
+    columns = []
+    for blocks, base in ((src, bases[0]), (dst, bases[1])):
+        column = blocks * np.int64(step)  # offsets below 2**63: exact
+        column += np.uint64(base).astype(_I64) if base > MAX_BYTES else np.int64(base)
+        columns.append(column.view(dtype))
+    return start, len(sizes), columns[0], columns[1], sizes.view(dtype)
 
 
-def _reject_byte_counts(arr: IntArray, signed: IntArray) -> NoReturn:
-    i = int(signed.argmin())
-    raise ValueError(
-        f"byte_counts[{i}] = {arr[i]} is outside 0..2**63-1; byte counts must be >= 0 and "
-        "below 2**63"
-    )
+def _check_blocks(indices: IntArray, name: str, base: int, step: int) -> npt.NDArray[np.int64]:
+    """Check block *indices* >= 0 with their region inside the address space; as int64."""
+    dtype = indices.dtype
+    unsigned = indices if dtype.kind == "u" else indices.view(f"u{dtype.itemsize}")
+    top = int(unsigned.item(unsigned.argmax()))  # a negative one reads as the largest
+    if dtype.kind == "i" and top >> (8 * dtype.itemsize - 1):
+        _check_non_negative(indices, name)
+    extent = (top + 1) * step
+    if extent > MAX_BYTES:
+        raise ValueError(
+            f"{name} reaches block {top}, byte offset {extent} from its base; a block region "
+            "must span less than 2**63 bytes"
+        )
+    if base + extent > MAX_ADDRESS + 1:
+        raise ValueError(
+            f"{name} reaches block {top}, which ends at {base + extent}, past the 64-bit "
+            f"address space (base {base}, {step} bytes per block)"
+        )
+    return indices.astype(_I64, copy=False)

@@ -1,55 +1,57 @@
 """The ledger: where every buffer of a pool is, the counters, and the moves between places.
 
-A buffer is, at every moment, in exactly one place, and its ``token`` says which:
-
-* **cached** (token 0) -- in its bucket's free list, ready to hand out (the newest last);
-* **held** (token > 0, the hand-out's) -- its holder, a `BufferHandle` (or a compat
-  adapter's tuple, through `HELD`), carries the same token;
-* **parked** (minus the hand-out's token) -- released while a recorded event was pending,
-  with a record in the parking queues (`bucketpool._queues`) until its events are done;
-* **returning** -- waiting in its bucket's inbox to be taken back by `settle`: a release
-  made from inside a move (a finaliser), a dropped holder, a compat release;
-* **freed** -- dropped by a cap, a trim or idle trimming; its memory goes back at once.
-
+A buffer is, at every moment, in exactly one place, and its ``token`` says which: cached
+(0, in its bucket's free list), held (> 0, the hand-out's; its handle carries the same
+token), parked (minus the hand-out's, with a record in the parking queues until its events
+are done), returning (in its bucket's inbox, to be taken back by `settle`), or freed.
 Every change of place is a *move*: one method below, one locked section of straight-line
-code that calls nothing (the rule is in `bucketpool._lock`; `tests/test_lock_rule.py`
-checks it), so that a signal handler's exception lands before a move or after it.  A
-token is never used twice, so a mismatch is final: a stale, copied or forged holder moves
-nothing.  Counters that `stats()` can derive are not kept; peaks are exact.
+code that calls nothing (docs/design.md, "The locking rule").  A token is never used
+twice, so a mismatch is final: a stale, copied or forged holder moves nothing.
+
+Parking records are ``[buffer, events, tick]``, spent (buffer None) by the move that
+retires or hands out the buffer, once: whoever holds a copy of a spent record can move
+nothing with it.  New records join the *young* queue; one still parked long after moves
+to the *old* queue (`bucketpool._parking`).  Counters that `stats()` can derive are not
+kept; peaks are exact.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
-from bucketpool._buffer import AS_RECORDED, HELD, LEAK, LEAK_TUPLE, Bucket, Buffer, Entry
+from bucketpool._buffer import Bucket, Buffer
 from bucketpool._lock import LOCK
-from bucketpool._queues import Parking, Queues
-from bucketpool._types import CompletionEvent
+from bucketpool._views import CompletionEvent
 
-__all__ = [
-    "CACHE",
-    "EMPTY",
-    "NEEDS_HOLDER",
-    "SETTLE",
-    "SWEEP",
-    "TOTALS",
-    "Leak",
-    "Ledger",
-    "Settled",
-]
+__all__ = ["AS_RECORDED", "CACHE", "DROPPED", "EMPTY", "LEAK", "SETTLE", "SWEEP", "Entry", "Ledger"]
 
-# What `serve` says: it could not serve, because the bucket's inbox has something to
-# settle first, it has nothing cached, or (compat) the buffer has no tuple yet; it
-# served, and the idle sweep is due.  CACHE: its holder for a buffer to cache (`reserve`).
+# What `serve` says: it could not serve, as the bucket's inbox has something to settle
+# first, or it has nothing cached; it served, and the idle sweep is due.  CACHE: the
+# holder of a buffer to cache (`reserve`).
 SETTLE: Final = 1
 EMPTY: Final = 2
-NEEDS_HOLDER: Final = 3
 SWEEP: Final = 4
 CACHE: Final = "cache"
-
+#: What a dropped holder's finaliser queues in place of pending events.
+LEAK: Final = "leak"
+#: What a release queued from inside a move parks on: every event recorded by then.
+AS_RECORDED: Final = "as recorded"
+#: `Ledger.young_front` and `Ledger.old_front` dropped or moved a record: ask again.
+DROPPED: Final = "dropped"
+#: An inbox entry: the buffer, the hand-out's token (minus it for a parked buffer whose
+#: events are done), the events still pending (or None, `LEAK`, `AS_RECORDED`), and the
+#: bytes of the views it keeps (`Buffer.views_cost`).
+Entry = tuple[Buffer, int, "list[Any] | str | None", int]
+#: One parking of a buffer: ``[buffer, events, tick]``; spent when the buffer is None.
+Parking = list[Any]
+#: A leak, as `settle` saw it: the hand-out's n, the acquire's code and instruction, the
+#: site, and whether a compat adapter handed it out.
+Leak = tuple[int, object, int, object, bool]
+#: What `settle` did: the buffer, the outcome, the leak, the in-flight problem.
+Settled = tuple["Buffer | None", str, "Leak | None", "str | None"]
+_NOTHING: Final = (None, "nothing", None, None)
 #: The ledger's totals, in the order `Ledger.snapshot` copies them.
 TOTALS = (
     *("active", "active_peak", "active_bytes", "active_bytes_peak"),
@@ -57,12 +59,6 @@ TOTALS = (
     *("allocations_total", "allocated_bytes_total", "parked_bytes", "requested", "leaks"),
     *("tick", "view_bytes"),
 )
-#: A leak, as `settle` saw it: the hand-out's n, the acquire's code and instruction, site.
-Leak = tuple[int, object, int, object, object]
-Events = collections.deque[CompletionEvent]
-#: What `settle` did, for its caller outside the lock: buffer, outcome, leak, problem.
-Settled = tuple["Buffer | None", str, "Leak | None", "str | None"]
-_NOTHING: Final = (None, "nothing", None, None)
 
 
 class Ledger:
@@ -71,9 +67,9 @@ class Ledger:
     # A plain __slots__ class: attrs' hooks would cost time on every move.
     __slots__ = (
         *TOTALS,  # the counters, then the records and the settings
-        *("allocated", "buckets", "cached", "max_cached_bytes", "misses", "queues"),
+        *("allocated", "buckets", "cached", "max_cached_bytes", "misses", "old", "old_changes"),
         *("max_cached_per_bucket", "next_sweep", "parked", "plain"),
-        *("registry", "sweep_every", "takes", "verify", "young"),
+        *("__weakref__", "registry", "sweep_every", "takes", "verify", "young"),
     )
 
     def __init__(
@@ -85,10 +81,11 @@ class Ledger:
         verify: Callable[[Buffer, int, bool], str | None] | None,
     ) -> None:
         count = max_capacity.bit_length()
-        self.buckets = [Bucket(k, 1 << k) for k in range(count)]
+        self.buckets = [Bucket(k) for k in range(count)]
         self.registry: dict[Buffer, None] = {}  # every buffer not freed (outstanding())
-        self.queues = queues = Queues()  # the parking records (`bucketpool._queues`)
-        self.young = queues.young  # the same deque, always: moves append to it
+        self.young: collections.deque[Parking] = collections.deque()  # parking order
+        self.old: collections.deque[Parking] = collections.deque()  # asked in turn
+        self.old_changes = 0  # moves that changed `old` (`compact_old` needs none since)
         self.max_cached_bytes = max_cached_bytes
         self.max_cached_per_bucket = max_cached_per_bucket
         self.sweep_every = sweep_every
@@ -119,11 +116,11 @@ class Ledger:
         parked: Parking | None = None,
         index: int = 0,
     ) -> object:
-        """Hand a buffer of *bucket* to *holder* (a `BufferHandle`, or None for compat).
+        """Hand a buffer of *bucket* to *holder* (a `BufferHandle`): bind it, with its token.
 
         The record *parked*'s (events done, at *index* of the young queue), else *fresh*
-        (cached if *holder* is `CACHE`), else the newest cached.  Returns the holder (compat:
-        its tuple), `SWEEP`, or, having moved nothing, `SETTLE`, `EMPTY` or `NEEDS_HOLDER`.
+        (cached if *holder* is `CACHE`), else the newest cached.  Returns the holder,
+        `SWEEP`, or, having moved nothing, `SETTLE` or `EMPTY`.
         """
         k = bucket.index
         with LOCK:
@@ -140,7 +137,7 @@ class Ledger:
                 self.parked[k] -= 1
                 self.parked_bytes -= bucket.nbytes
                 self.view_bytes -= buffer.view_bytes
-                buffer.events = buffer.current = None
+                buffer.events = None
             elif fresh is not None:
                 buffer = fresh
                 nbytes = bucket.nbytes
@@ -173,8 +170,6 @@ class Ledger:
                 if not free:
                     return EMPTY
                 buffer = free[-1]
-                if holder is None and buffer.next_holder is None:
-                    return NEEDS_HOLDER
                 del free[-1]
                 self.cached[k] -= 1
                 self.view_bytes -= buffer.view_bytes
@@ -192,11 +187,6 @@ class Ledger:
             buffer.n = n
             buffer.code = code
             buffer.lasti = lasti
-            if holder is None:  # a compat tuple: `claim_sweep` tells its caller about sweeps
-                holder = buffer.next_holder
-                buffer.next_holder = None
-                HELD[buffer.next_id] = (buffer, token)
-                return holder
             holder._buffer = buffer  # type: ignore[attr-defined]
             holder._token = token  # type: ignore[attr-defined]
             if token >= self.next_sweep:
@@ -236,7 +226,6 @@ class Ledger:
             self.active_bytes = active_bytes
             buffer.view_bytes = cost  # its views' bytes (*cost*), counted while it is idle
             self.view_bytes += cost
-            buffer.current = None
             if pending:
                 buffer.token = -token
                 buffer.events = pending
@@ -276,7 +265,7 @@ class Ledger:
                 return _NOTHING
             if seen != -1 and buffer.recorded != seen:
                 return (None, "recorded", None, None)
-            leaked = state is LEAK or state is LEAK_TUPLE
+            leaked = state is LEAK
             events = (
                 None if token < 0 else buffer.events if leaked or state is AS_RECORDED else state
             )
@@ -304,12 +293,11 @@ class Ledger:
                 del inbox[0]
             leak = None
             if token > 0:  # a hand-out ends (a dropped holder's views, too)
-                buffer.current = None
                 self.active -= 1
                 self.active_bytes -= nbytes
                 if leaked:
                     self.leaks += 1
-                    leak = (buffer.n, buffer.code, buffer.lasti, buffer.site, state)
+                    leak = (buffer.n, buffer.code, buffer.lasti, buffer.site, buffer.adapted)
             else:  # a parked buffer retires: its events are done
                 self.parked[k] -= 1
                 self.parked_bytes = parked
@@ -401,12 +389,61 @@ class Ledger:
                 bucket.inbox += ((buffer, buffer.token, None, buffer.view_bytes),)
             return bucket
 
+    # -- the parking queues: these moves only reorder and drop records ---------------------
+
+    def young_front(self, oldest: int) -> Parking | str | None:
+        """The oldest young record, None if none; `DROPPED` (ask again) if the front was
+        spent (dropped) or parked before tick *oldest* (moved to the old queue).
+        """
+        with LOCK:
+            young = self.young
+            if not young:
+                return None
+            record = young[0]
+            if record[0] is not None and record[2] >= oldest:
+                return record
+            del young[0]
+            if record[0] is not None:
+                self.old += (record,)
+                self.old_changes += 1
+            return DROPPED
+
+    def old_front(self) -> Parking | str | None:
+        """Move the old queue's front record to its back and return it (None: empty);
+        a spent one is dropped instead (`DROPPED`).
+        """
+        with LOCK:
+            old = self.old
+            if not old:
+                return None
+            record = old[0]
+            del old[0]
+            self.old_changes += 1
+            if record[0] is None:
+                return DROPPED
+            old += (record,)
+            return record
+
+    def parked_records(self) -> tuple[list[Parking], list[Parking], int]:
+        """Copies of both queues, and `old_changes`, in one locked section."""
+        with LOCK:
+            return [*self.young], [*self.old], self.old_changes
+
+    def compact_old(self, live: collections.deque[Parking], seen: int) -> bool:
+        """Make *live* (the old queue less spent records) the old queue, if unchanged since."""
+        with LOCK:
+            if self.old_changes != seen:
+                return False
+            self.old = live
+            self.old_changes = seen + 1
+            return True
+
     def add_event(
         self,
         buffer: Buffer,
         token: int,
         event: CompletionEvent,
-        fresh: Events | None,
+        fresh: collections.deque[Any] | None,
         front: CompletionEvent | None,
         done: bool,
         checksum: int | None,
@@ -418,7 +455,7 @@ class Ledger:
         with LOCK:
             if token <= 0 or buffer.token != token:
                 return False
-            events: Events | None = buffer.events  # type: ignore[assignment]  # a held one's
+            events: collections.deque[Any] | None = buffer.events  # type: ignore[assignment]  # a held one's
             if events is None:
                 buffer.events = events = fresh
             elif front is not None and events and events[0] is front:
@@ -428,51 +465,6 @@ class Ledger:
             events += (event,)  # type: ignore[operator]  # (None: never, while held)
             buffer.recorded += 1
             buffer.checksum = checksum
-            return True
-
-    def attach_holder(self, buffer: Buffer, holder: object, holder_id: int) -> bool:
-        """Give cached *buffer* the tuple its next compat hand-out gets, if it has none."""
-        with LOCK:
-            if buffer.token or buffer.next_holder is not None or buffer not in self.registry:
-                return False
-            buffer.next_holder = holder
-            buffer.next_id = holder_id
-            return True
-
-    def end_held(
-        self,
-        buffer: Buffer,
-        token: int,
-        holder_id: int,
-        pending: list[CompletionEvent] | None,
-        following: tuple[object, int],
-        marks: tuple[object, int | None] | None,
-        cost: int,
-    ) -> bool:
-        """End the compat hand-out *token* of *buffer* held by the tuple *holder_id*.
-
-        Held -> returning, with the *pending* events, the tuple *following* for the next
-        hand-out and, when the pool watches, the release's site and checksum (*marks*).
-        Returns False, having moved nothing, if that hand-out was over already.
-        """
-        with LOCK:
-            if buffer.token != token or holder_id not in HELD:
-                return False
-            buffer.bucket.inbox += ((buffer, token, pending, cost),)  # first: it alone may fail
-            del HELD[holder_id]
-            buffer.next_holder, buffer.next_id = following
-            if marks is not None:
-                buffer.released_at, checksum = marks
-                if checksum is not None:
-                    buffer.checksum = checksum
-            return True
-
-    def claim_sweep(self) -> bool:
-        """Return True once per sweep interval, to the thread that is to sweep (compat)."""
-        with LOCK:
-            if self.tick < self.next_sweep:
-                return False
-            self.next_sweep = self.tick + self.sweep_every
             return True
 
     def reset_peaks(self) -> None:

@@ -1,39 +1,29 @@
-"""The parking passes: asking parked buffers' events, and moving the done ones on.
+"""The parking passes: asking parked buffers' events, and retiring the done ones.
 
-Each parking is a record in one of two queues (`bucketpool._ledger.Parking`).  New records
-join the *young* queue, in the order they park: copies on one stream complete in that
-order, so an acquire asks the young front first and usually finds its buffer there, done,
-with one question.  A record still parked `AGE` hand-outs after it parked -- a stuck copy,
-a stream that runs far behind -- moves to the *old* queue without being asked, so that
-however many are stuck, they never stand in front of the buffers that do come back.  Old
-records are asked in turn, a few at a time, only when the young ones gave an acquire
-nothing.  What a poll asks is bounded, whatever is parked; `collect` and `synchronize`
-ask every record once, from a copy of both queues taken at the start.
+Copies on one stream complete in order, so an acquire asks the young queue's front first
+and usually finds its buffer there, done, with one question.  A record still parked `AGE`
+hand-outs after it parked (a stuck copy) moves to the old queue unasked, so however many
+are stuck they never stand in front of the buffers that come back; old records are asked
+in turn, a few at a time, when the young ones gave an acquire nothing, and by the idle
+sweep.  `collect` and `synchronize` ask every record once, from a copy of both queues.
 
-Events are asked without the lock (``query()`` is user code); what a pass finds is applied
-by the ledger's `Ledger.retire` move, which spends the record: an answer about a record
-already spent (the buffer retired, handed out and parked again by another thread since)
-moves nothing.  ``query()`` may raise anything: a poll for an unrelated acquire keeps the
-buffer parked and says nothing (the error is not that caller's); `collect` and
-`synchronize`, which ask about every parked buffer, raise the first error once they are
-done.  A `KeyboardInterrupt` or `SystemExit` is taken to be a signal handler's, and is
-raised at once in the thread it interrupted, the buffer still parked.
+Events are asked without the lock (``query()`` is user code); what a pass finds is
+applied by `Ledger.retire`, which spends the record, so an answer about a record spent
+since moves nothing.  ``query()`` may raise anything: a poll for an unrelated acquire
+keeps the buffer parked and says nothing; `collect` and `synchronize` raise the first
+error once done.  `KeyboardInterrupt` and `SystemExit` (a signal handler's) are raised at
+once in the thread they interrupted, the buffer still parked.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
-from bucketpool import _verify
-from bucketpool._buffer import Bucket, Buffer
-from bucketpool._errors import InFlightWriteError
-from bucketpool._inbox import drain
-from bucketpool._ledger import Ledger
-from bucketpool._queues import DROPPED, Parking
-from bucketpool._types import CompletionEvent
+from bucketpool._buffer import Bucket
+from bucketpool._ledger import DROPPED, Ledger, Parking
+from bucketpool._views import CompletionEvent
 
 __all__ = [
     "AGE",
@@ -41,8 +31,6 @@ __all__ = [
     "all_done",
     "poll",
     "poll_old",
-    "record",
-    "settle_parked",
     "sweep",
     "wait",
 ]
@@ -93,7 +81,7 @@ def poll(
     else:
         if front[0] is None or ledger.tick - front[2] > AGE:
             oldest = ledger.tick - AGE
-            while ledger.queues.young_front(oldest) is DROPPED:  # drops or moves one a turn
+            while ledger.young_front(oldest) is DROPPED:  # drops or moves one a turn
                 pass
     retired = 0
     queued = False
@@ -135,7 +123,7 @@ def poll(
 def poll_old(ledger: Ledger, turns: int) -> tuple[int, bool, None, int]:
     """Ask up to *turns* old records, in turn; stop at the first that retires (as `poll`)."""
     for _ in range(turns):
-        turn = ledger.queues.old_front()
+        turn = ledger.old_front()
         if turn is None:
             break
         if isinstance(turn, str) or not _ask(turn, all_done)[0]:  # DROPPED, or not done
@@ -144,26 +132,6 @@ def poll_old(ledger: Ledger, turns: int) -> tuple[int, bool, None, int]:
         if retiring is not None:
             return 1, bool(retiring.inbox), None, 0
     return 0, False, None, 0
-
-
-def settle_parked(
-    ledger: Ledger, reported: set[object], finished: Callable[[Sequence[CompletionEvent]], bool]
-) -> int:
-    """`collect` and `synchronize`: ask every parked buffer, take the done ones back.
-
-    Returns how many retired.  Raises, once every buffer was asked and every finished one
-    taken back, the first error an event raised, else the first in-flight problem.
-    """
-    retired, error = sweep(ledger, finished)
-    try:
-        problems = drain(ledger, reported)
-        if error is not None:
-            raise error
-    finally:
-        error = None  # no cycle through this frame: its traceback holds the frame
-    if problems:
-        raise InFlightWriteError(problems[0])
-    return retired
 
 
 def sweep(
@@ -176,7 +144,7 @@ def sweep(
     are parked: the queues are copied once, and the old one is rebuilt without the records
     spent in its middle.
     """
-    young, old, seen = ledger.queues.parked_records()
+    young, old, seen = ledger.parked_records()
     retired = 0
     first_error: BaseException | None = None
     try:
@@ -187,7 +155,7 @@ def sweep(
             if done and ledger.retire(found) is not None:
                 retired += 1
         if old:
-            ledger.queues.compact_old(collections.deque([r for r in old if r[0] is not None]), seen)
+            ledger.compact_old(collections.deque([r for r in old if r[0] is not None]), seen)
         return retired, first_error
     finally:
         first_error = error = None  # no cycle through this frame (see `_ask`)
@@ -209,57 +177,3 @@ def _ask(
         raise
     except BaseException as caught:  # user code: the error is the asker's, if anyone's
         return False, caught
-
-
-def record(
-    ledger: Ledger, buffer: Buffer, token: int, event: CompletionEvent, checking: bool
-) -> bool:
-    """(the holder) Add *event* to the events of hand-out *token*, by `Ledger.add_event`.
-
-    Each record asks the oldest event first: a done one leaves, a pending one goes last
-    (amortised O(1)).  With *checking* (the debug levels), descriptors changed since the
-    last record while an earlier event may still be running raise `InFlightWriteError`,
-    the event recorded all the same.  Returns False, having recorded nothing, if the
-    hand-out is over (a release raced it, or a ``query()`` ended it).
-    """
-    events = typing.cast("collections.deque[CompletionEvent] | None", buffer.events)
-    front: CompletionEvent | None = None
-    done = False
-    if events:
-        try:
-            front = events[0]  # a hint: the move checks it is still the oldest
-            done = bool(front.query())  # its truth too: user code
-        except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
-            raise
-        except BaseException:  # not this call's to report: kept, asked at release
-            done = False
-    checksum, in_flight = buffer.checksum, False
-    if checking:
-        current = _verify.checksum(buffer.arrays, buffer.span)
-        in_flight = (
-            checksum is not None
-            and checksum != current
-            and _any_pending((*events,) if events else ())
-        )
-        checksum = current
-    fresh: collections.deque[CompletionEvent] | None = None
-    if events is None:
-        fresh = collections.deque()
-    if not ledger.add_event(buffer, token, event, fresh, front, done, checksum):
-        return False
-    if in_flight:
-        raise InFlightWriteError(_verify.in_flight_problem(buffer))
-    return True
-
-
-def _any_pending(events: Iterable[CompletionEvent]) -> bool:
-    """Whether an earlier event may still be running (one whose query raises may be)."""
-    for event in events:
-        try:
-            if not event.query():
-                return True
-        except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
-            raise
-        except BaseException:  # not this call's to report: asked again at release
-            return True
-    return False

@@ -1,11 +1,11 @@
-"""`BucketPool`: the façade -- settings, the acquire and release paths, the public methods.
+"""`BucketPool`: the pool's face -- settings, acquire and release, the public methods.
 
-Where the rest lives: every record and every move of a buffer is the ledger's
-(`bucketpool._ledger`, which also tells a buffer's life); the lock, its rule and the fork
-handlers are `bucketpool._lock`'s; taking back the inbox and reporting leaks,
-`bucketpool._inbox`'s; asking parked buffers' events, `bucketpool._parking`'s; what the
-caps free, `bucketpool._policy`'s; a buffer's views, `bucketpool._buffer`'s; the debug
-checks, `bucketpool._verify`'s and `bucketpool._guard`'s.
+Where the rest lives: every record and move of a buffer is the ledger's
+(`bucketpool._ledger`); the lock and the fork handlers `bucketpool._lock`'s; taking back
+the inbox, leak reports and the caps' trims `bucketpool._returns`'; asking parked buffers'
+events `bucketpool._parking`'s; a buffer's memory and views `bucketpool._buffer`'s; the
+fills `bucketpool._views`'; the debug levels `bucketpool._debug`'s.  The threat model and
+the locking rule are in docs/design.md.
 """
 
 from __future__ import annotations
@@ -13,40 +13,36 @@ from __future__ import annotations
 import sys
 import typing
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import CodeType
 from typing import SupportsIndex
 
 import torch
 
-from bucketpool import _guard, _verify
-from bucketpool._buckets import check_count, check_non_negative_count
-from bucketpool._buffer import Bucket, Buffer, MakeHolder
-from bucketpool._errors import ReleaseError
+from bucketpool import _debug, _parking, _returns
+from bucketpool._buffer import Bucket, Buffer
+from bucketpool._errors import InFlightWriteError, PoolError, ReleaseError
 from bucketpool._handle import BufferHandle
-from bucketpool._inbox import drain, warn
-from bucketpool._ledger import CACHE, EMPTY, SWEEP, Ledger
-from bucketpool._lock import LATE, LOCK, owned, reentered
-from bucketpool._parking import (
-    POLL_BUDGET,
-    all_done,
-    poll,
-    poll_old,
-    record,
-    settle_parked,
-    wait,
+from bucketpool._ledger import CACHE, EMPTY, SETTLE, SWEEP, Entry, Ledger
+from bucketpool._lock import LATE, owned
+from bucketpool._settings import (
+    DEBUG_LEVELS,
+    DebugLevel,
+    Settings,
+    check_count,
+    check_non_negative,
+    resolve_settings,
 )
-from bucketpool._policy import check_reserve, sweep_idle, trim_to
-from bucketpool._refill import serve_slowly
-from bucketpool._settings import DEBUG_LEVELS, DebugLevel, Settings, resolve_settings
 from bucketpool._stats import OutstandingBuffer, PoolStats, build_stats, outstanding_of
-from bucketpool._types import CompletionEvent
+from bucketpool._views import CompletionEvent
 
-__all__ = ["BucketPool"]
+__all__ = ["ADAPTERS", "BucketPool"]
 
+#: The code of acquire calls that stand for their caller (the compat adapters'): the
+#: acquire site a leak warning names is their caller's.
+ADAPTERS: set[CodeType] = set()
 _new = object.__new__
 _getframe = sys._getframe
-_is_owned = owned
 
 
 @typing.final
@@ -83,19 +79,8 @@ class BucketPool:
     """
 
     __slots__ = (
-        "__weakref__",
-        "_buckets",
-        "_by_bits",
-        "_full_stack",
-        "_ledger",
-        "_level",
-        "_lock",
-        "_max_capacity",
-        "_reported",
-        "_self_ref",
-        "_settings",
-        "_tracing",
-        "_watching",
+        *("__weakref__", "_by_bits", "_full_stack", "_ledger", "_level", "_max_capacity"),
+        *("_reported", "_self_ref", "_settings", "_watching"),
     )
 
     def __init__(
@@ -126,16 +111,14 @@ class BucketPool:
             settings.max_cached_bytes,
             settings.max_cached_per_bucket,
             sweep_every,
-            _verify.verify if self._level else None,
+            _debug.verify if self._level else None,
         )
-        self._buckets = ledger.buckets
-        self._lock = LOCK
         self._max_capacity = settings.max_capacity
         first = settings.min_capacity.bit_length() - 1  # n <= min_capacity (0 too): the first
-        self._by_bits = [self._buckets[max(bits, first)] for bits in range(len(self._buckets))]
+        buckets = ledger.buckets
+        self._by_bits = [buckets[max(bits, first)] for bits in range(len(buckets))]
         self._full_stack = settings.trace
-        self._tracing = self._level > 0 or settings.trace
-        self._watching = self._tracing
+        self._watching = self._level > 0 or settings.trace
         self._reported: set[object] = set()
         self._self_ref = weakref.ref(self)
 
@@ -165,7 +148,6 @@ class BucketPool:
             bucket.inbox.clear()
         for buffer in ledger.registry:
             buffer.views = {}
-            buffer.current = buffer.whole = None
 
     def __copy__(self) -> typing.NoReturn:
         raise TypeError(_NO_COPY)
@@ -195,49 +177,77 @@ class BucketPool:
         if type(n) is not int or n < 0 or n > self._max_capacity:
             n = check_count(n, self._max_capacity)
         bucket = self._by_bits[((n or 1) - 1).bit_length()]
-        if _is_owned():
-            raise reentered("acquire")
+        if owned():
+            raise _reentered("acquire")
         frame = _getframe(1)  # the acquire's site, for a leak warning: no stack walk
+        adapted = frame.f_code in ADAPTERS
+        if adapted:
+            frame = frame.f_back or frame
         # The handle exists before the hand-out and is bound inside the move: from then on
         # its finaliser owns the buffer, also when a signal unwinds this call.
         handle = _new(BufferHandle)
         handle._pool = self
         handle._n = n
+        code, lasti = frame.f_code, frame.f_lasti
         if bucket.free or bucket.inbox:  # hints: `serve` decides
-            got = self._ledger.serve(bucket, n, handle, frame.f_code, frame.f_lasti)
+            got = self._ledger.serve(bucket, n, handle, code, lasti)
         else:  # nothing to serve from: straight to the parked buffers, then a new one
             got = EMPTY
         if got is not handle:
             if got is not SWEEP:
-                got = serve_slowly(self, bucket, n, handle, frame.f_code, frame.f_lasti, None, got)
+                got = self._serve_slowly(bucket, n, handle, code, lasti, got)
             if got is SWEEP:
                 self._maintain()
+        handle._buffer.adapted = adapted  # (the leak warning's advice)
         if self._watching:
             self._handed_out(handle._buffer)
         if LATE:
             self._drain()
         return handle
 
-    def _new_buffer(self, bucket: Bucket, make: MakeHolder | None) -> Buffer:
-        """A new buffer, outside the lock (pinning can take milliseconds)."""
+    def _serve_slowly(
+        self, bucket: Bucket, n: int, handle: BufferHandle, code: object, lasti: int, got: object
+    ) -> object:
+        """Serve *handle* once `Ledger.serve` said *got*: settle, poll, else allocate."""
+        ledger = self._ledger
+        polled = False
+        while True:
+            if got is SETTLE:
+                self._drain(bucket)
+            elif got is EMPTY:
+                if not polled and (ledger.young or ledger.old):
+                    polled = True
+                    retired, queued, found, index = _parking.poll(ledger, bucket, take=ledger.plain)
+                    if found is not None:  # done, and of this bucket: handed out at once
+                        got = ledger.serve(
+                            bucket, n, handle, code, lasti, parked=found, index=index
+                        )
+                        if got is not EMPTY:
+                            return got
+                    if retired or found is not None:
+                        if queued:  # retired into an inbox, not straight into the cache
+                            self._drain()
+                        got = ledger.serve(bucket, n, handle, code, lasti)
+                        continue
+                fresh = self._new_buffer(bucket)  # outside the lock: pinning can be slow
+                return ledger.serve(bucket, n, handle, code, lasti, fresh)
+            else:
+                return got
+            got = ledger.serve(bucket, n, handle, code, lasti)
+
+    def _new_buffer(self, bucket: Bucket) -> Buffer:
         s = self._settings
-        guard = _guard.guarded_views if self._level == 2 else None
-        buffer = Buffer(bucket, s.dtype, s.pin_memory, guard, self._level == 1)
-        buffer.pool_ref = self._self_ref
-        if make is not None:
-            buffer.next_holder, buffer.next_id = make(buffer, True)
-        return buffer
+        return Buffer(bucket, s.dtype, s.pin_memory, self._ledger, self._level)
 
     def _handed_out(self, buffer: Buffer) -> None:
         """(the new holder) Check the last release's poison, record the site."""
         if self._level:
-            buffer.span = buffer.n
-            stale = _verify.check_poison(buffer)
+            stale = _debug.check_poison(buffer)
             if stale is not None:
-                warn(stale, RuntimeWarning)
+                _returns.warn(stale, RuntimeWarning)
         code = buffer.code  # the acquire's caller, found without a walk
-        if self._full_stack or not isinstance(code, CodeType) or _verify.in_package(code):
-            buffer.site = _verify.site(self._full_stack)
+        if self._full_stack or not isinstance(code, CodeType) or _debug.in_package(code):
+            buffer.site = _debug.site(self._full_stack)
         else:
             buffer.site = (code, buffer.lasti)
 
@@ -267,33 +277,43 @@ class BucketPool:
             )
         handle.release()
 
-    def _drain(self, only: Bucket | None = None) -> None:
-        """Take back what waits in the inboxes (all, or *only*'s).
+    def _take_back(self, entry: Entry, seen: int) -> bool | None:
+        """(a handle's release, when `Ledger.give_back` could not) Take *entry* back now.
 
-        Not from inside the lock: the next call will.
+        Returns what `bucketpool._returns.take_back` does; warns of a problem found.
         """
-        if _is_owned():
+        problems: list[str] = []
+        taken = _returns.take_back(
+            self._ledger, entry[0].bucket, self._reported, problems, entry, seen
+        )
+        for problem in problems:
+            _returns.warn(problem, RuntimeWarning)
+        return taken
+
+    def _drain(self, only: Bucket | None = None) -> None:
+        """Take back what waits in the inboxes (all, or *only*'s); not from inside a move."""
+        if owned():
             return
-        for problem in drain(self._ledger, self._reported, only):
-            warn(problem, RuntimeWarning)
+        for problem in _returns.drain(self._ledger, self._reported, only):
+            _returns.warn(problem, RuntimeWarning)
         while LATE:  # queued inside a move that this thread, or another, has left since
             try:
                 pool = LATE.pop()()
             except IndexError:  # another thread took the last one
                 break
             if isinstance(pool, BucketPool):  # (None: dropped since, its queue with it)
-                for problem in drain(pool._ledger, pool._reported):
-                    warn(problem, RuntimeWarning)
+                for problem in _returns.drain(pool._ledger, pool._reported):
+                    _returns.warn(problem, RuntimeWarning)
 
     def _maintain(self) -> None:
         """Every few acquires: retire finished parked buffers, trim idle buckets."""
         ledger = self._ledger
         if ledger.young:
-            poll(ledger)
-        if ledger.queues.old:  # asked here too: a miss that the young ones serve never does
-            poll_old(ledger, POLL_BUDGET)
+            _parking.poll(ledger)
+        if ledger.old:  # asked here too: a miss that the young ones serve never does
+            _parking.poll_old(ledger, _parking.POLL_BUDGET)
         self._drain()
-        sweep_idle(self._ledger, self._settings.idle_trim_acquires)
+        _returns.sweep_idle(ledger, self._settings.idle_trim_acquires)
 
     # -- parked buffers -----------------------------------------------------------------------
 
@@ -310,7 +330,7 @@ class BucketPool:
                 in flight; every finished buffer was still retired.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
-        return self._settle_parked(all_done, "collect")
+        return self._settle_parked(_parking.all_done, "collect")
 
     def synchronize(self) -> None:
         """Wait for every parked buffer's events, then retire them all (for shutdown).
@@ -323,16 +343,24 @@ class BucketPool:
             InFlightWriteError: (debug levels), as for `collect`.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
-        self._settle_parked(wait, "synchronize")
+        self._settle_parked(_parking.wait, "synchronize")
 
     def _settle_parked(
-        self, finished: Callable[[typing.Sequence[CompletionEvent]], bool], operation: str
+        self, finished: Callable[[Sequence[CompletionEvent]], bool], operation: str
     ) -> int:
         self._outside(operation)
         self._drain()
-        retired = settle_parked(self._ledger, self._reported, finished)
-        if LATE:
-            self._drain()
+        retired, error = _parking.sweep(self._ledger, finished)
+        try:
+            problems = _returns.drain(self._ledger, self._reported)
+            if LATE:
+                self._drain()
+            if error is not None:
+                raise error
+        finally:
+            error = None  # no cycle through this frame: its traceback holds the frame
+        if problems:
+            raise InFlightWriteError(problems[0])
         return retired
 
     # -- memory -------------------------------------------------------------------------------
@@ -347,12 +375,12 @@ class BucketPool:
         """
         self._outside("reserve")
         size = check_count(n, self._max_capacity, "reserve")
-        number = check_non_negative_count(count, "reserve: count")
+        number = check_non_negative(count, "reserve: count")
         bucket = self._bucket_for(size)
         self._drain()
-        check_reserve(self._ledger, bucket, size, number)
+        _returns.check_reserve(self._ledger, bucket, size, number)
         for done in range(number):
-            fresh = self._new_buffer(bucket, None)
+            fresh = self._new_buffer(bucket)
             if self._ledger.serve(bucket, 0, CACHE, None, 0, fresh) is not CACHE:
                 raise ValueError(
                     f"reserve({size}, count={number}): the caps filled up while it ran "
@@ -370,10 +398,10 @@ class BucketPool:
             TypeError, ValueError: *max_bytes* is not an integer, or is negative.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
-        limit = check_non_negative_count(max_bytes, "trim: max_bytes")
+        limit = check_non_negative(max_bytes, "trim: max_bytes")
         self._outside("trim")
         self._drain()
-        freed = trim_to(self._ledger, limit)
+        freed = _returns.trim_to(self._ledger, limit)
         if LATE:
             self._drain()
         return freed
@@ -415,24 +443,7 @@ class BucketPool:
         while LATE:  # a finaliser released a holder inside the snapshot's move: again
             self._drain()
             snapshot = self._ledger.snapshot()
-        return build_stats(self._buckets, snapshot)
-
-    def _record(self, buffer: Buffer, token: int, event: CompletionEvent) -> bool:
-        """(a holder's `record_event`) Add *event* to *buffer*'s hand-out *token*.
-
-        Returns False, having recorded nothing, if the hand-out ended meanwhile (an earlier
-        event's ``query()`` released it).
-
-        Raises:
-            TypeError: *event* has no ``query()`` method.
-            InFlightWriteError: (debug levels) see `BufferHandle.record_event`.
-        """
-        if not callable(getattr(event, "query", None)):
-            raise TypeError(
-                "record_event needs an object with a query() -> bool method "
-                f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
-            )
-        return record(self._ledger, buffer, token, event, self._level > 0)
+        return build_stats(self._ledger.buckets, snapshot)
 
     def reset_peak_stats(self) -> None:
         """Set every peak to its current value.
@@ -461,11 +472,20 @@ class BucketPool:
         That happens only in a finaliser that a collection ran inside one of the pool's own
         sections: the records may be half-way through a change there.
         """
-        if _is_owned():
-            raise reentered(operation)
+        if owned():
+            raise _reentered(operation)
 
 
 _NO_COPY = (
     "a BucketPool cannot be copied or pickled: its buffers have one holder each, and a "
     "copy would hand them out twice. Make a new BucketPool with the same settings instead"
 )
+
+
+def _reentered(operation: str) -> PoolError:
+    return PoolError(
+        f"{operation} was called from a finaliser or signal handler that interrupted this "
+        "thread inside a pool, whose records may be half-way through a change; call "
+        f"{operation} outside finalisers and signal handlers (releases are fine there: they "
+        "are queued)"
+    )

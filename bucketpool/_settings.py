@@ -1,4 +1,4 @@
-"""A pool's settings: one frozen, validated record, resolved from arguments and environment."""
+"""A pool's settings, resolved from arguments and environment, and the counts it checks."""
 
 from __future__ import annotations
 
@@ -11,20 +11,13 @@ from typing import Literal, SupportsIndex
 import attrs
 import torch
 
-from bucketpool._buckets import DEFAULT_MAX_CAPACITY, DEFAULT_MIN_CAPACITY, check_power_of_two
-
 __all__ = [
-    "CONF_VARIABLE",
     "DEBUG_LEVELS",
-    "DEBUG_VARIABLE",
-    "DEFAULT_IDLE_TRIM_ACQUIRES",
-    "DEFAULT_MAX_CACHED_BYTES",
-    "DEFAULT_MAX_CACHED_PER_BUCKET",
-    "DEFAULT_MAX_CAPACITY",
-    "DEFAULT_MIN_CAPACITY",
-    "ENVIRONMENT_KEYS",
     "DebugLevel",
     "Settings",
+    "as_index",
+    "bucket_capacity",
+    "check_count",
     "resolve_settings",
 ]
 
@@ -32,44 +25,88 @@ DebugLevel = Literal["off", "checks", "strict"]
 DEBUG_LEVELS: tuple[DebugLevel, ...] = ("off", "checks", "strict")
 CONF_VARIABLE = "BUCKETPOOL_CONF"
 DEBUG_VARIABLE = "BUCKETPOOL_DEBUG"
-
-#: 64 MiB: sixteen in-flight triples of 131,072 descriptors (a large KV-offload step) fit.
-DEFAULT_MAX_CACHED_BYTES = 64 << 20
-#: Enough for a worker with 16 copies in flight plus the step being built, twice over.
-DEFAULT_MAX_CACHED_PER_BUCKET = 32
-#: A bucket unused for this many acquires of the pool gives its cached buffers back.
-DEFAULT_IDLE_TRIM_ACQUIRES = 1024
-
 #: The settings ``BUCKETPOOL_CONF`` may set; dtype, device and pin_memory are arguments only.
 ENVIRONMENT_KEYS = (
-    "min_capacity",
-    "max_capacity",
-    "max_cached_bytes",
-    "max_cached_per_bucket",
-    "idle_trim_acquires",
-    "debug",
-    "trace",
+    *("min_capacity", "max_capacity", "max_cached_bytes", "max_cached_per_bucket"),
+    *("idle_trim_acquires", "debug", "trace"),
 )
-
-_BYTES_PER_TRIPLE_ENTRY = 3 * 8  # three 8-byte descriptors per entry
-# Where the physical memory cannot be read (no sysconf, as on Windows): 1 TiB.
-_FALLBACK_MEMORY = 1 << 40
-
-
-def _physical_memory() -> int:
-    """The machine's physical memory in bytes, or a 1 TiB fallback where it is unknown."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return _FALLBACK_MEMORY
-    return total if total > 0 else _FALLBACK_MEMORY
+#: Smallest bucket: 16 entries (a 384-byte triple); smaller buffers cost the same to allocate.
+DEFAULT_MIN_CAPACITY = 16
+#: Largest bucket: 2**24 entries (384 MiB per triple), which stops an accidental huge request.
+DEFAULT_MAX_CAPACITY = 1 << 24
+#: 64 MiB: sixteen in-flight triples of 131,072 descriptors (a large KV-offload step).
+DEFAULT_MAX_CACHED_BYTES = 64 << 20
+#: A worker with 16 copies in flight plus the step being built, twice over.
+DEFAULT_MAX_CACHED_PER_BUCKET = 32
+DEFAULT_IDLE_TRIM_ACQUIRES = 1024
+_TRIPLE_ENTRY_BYTES = 3 * 8
 
 
-# -- converters and validators (construction only, never on the hot path) ------------------
+def as_index(value: object, what: str, kind: str = "an integer", hint: str = "") -> int:
+    """``operator.index(value)``: ints, numpy integers, anything with ``__index__``.
+
+    Raises:
+        TypeError: *value* is a `bool` or not an integer; the message says ``{what} must be
+            {kind}``, names the value and adds *hint* when given.
+    """
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    advice = f"; {hint}" if hint else ""
+    raise TypeError(f"{what} must be {kind}, not {type(value).__name__} ({value!r}){advice}")
+
+
+def check_count(n: object, max_capacity: int = DEFAULT_MAX_CAPACITY, op: str = "acquire") -> int:
+    """Return *n* as an int if it is a descriptor count from 0 to *max_capacity*.
+
+    Raises:
+        TypeError: *n* is a `bool` or not an integer.
+        ValueError: *n* is negative or above *max_capacity*.
+    """
+    count = as_index(
+        n, f"{op}: n", "an integer count of descriptors", "pass len(...) of the copies or an int"
+    )
+    if count < 0:
+        raise ValueError(
+            f"{op}: n must be >= 0, got {count}; pass the number of descriptors to copy"
+        )
+    if count > max_capacity:
+        raise ValueError(
+            f"{op}: n={count} is above the pool's max_capacity={max_capacity}; split the step "
+            f"into batches of at most {max_capacity} copies or raise max_capacity"
+        )
+    return count
+
+
+def check_non_negative(value: object, what: str) -> int:
+    """Return *value* as an int if it is an integer >= 0 (TypeError, ValueError otherwise)."""
+    number = as_index(value, what)
+    if number < 0:
+        raise ValueError(f"{what} must be >= 0, got {number}")
+    return number
+
+
+def bucket_capacity(n: SupportsIndex) -> int:
+    """Return the capacity of the bucket that serves *n* entries in a default pool.
+
+    The smallest power of two >= *n*, never below 16.  A pool made with other settings
+    answers with `BucketPool.bucket_capacity`.
+
+    Raises:
+        TypeError: *n* is a `bool` or not an integer.
+        ValueError: *n* is negative or above the default maximum capacity (2**24).
+    """
+    count = check_count(n, op="bucket_capacity")
+    return max(DEFAULT_MIN_CAPACITY, 1 << (count - 1).bit_length() if count else 1)
+
+
+# -- validators (construction only) ---------------------------------------------------------
 
 
 def _plain_int(value: SupportsIndex) -> int:
-    """Return *value* as a plain int; leave a bool or non-integer for the validator to name."""
+    """*value* as an int; a bool or non-integer is left for the validator to name."""
     if isinstance(value, bool):
         return value
     try:
@@ -78,34 +115,39 @@ def _plain_int(value: SupportsIndex) -> int:
         return value  # type: ignore[return-value]
 
 
-def _integer(name: str, value: object) -> int:
+def _non_negative(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    name = attribute.name
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(
             f"{name} must be an int (or a numpy integer), not {type(value).__name__} "
             f"({name}={value!r})"
         )
-    return value
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {name}={value}")
 
 
-def _check_non_negative(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if _integer(attribute.name, value) < 0:
-        raise ValueError(f"{attribute.name} must be >= 0, got {attribute.name}={value}")
-
-
-def _check_min_capacity(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    check_power_of_two(attribute.name, value)
-
-
-def _check_max_capacity(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    capacity = check_power_of_two(attribute.name, value)
-    memory = _physical_memory()
-    if capacity * _BYTES_PER_TRIPLE_ENTRY > memory:
+def _power_of_two(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    name = attribute.name
+    number = as_index(value, name, "a power-of-two int")
+    if number < 1:
+        raise ValueError(f"{name} must be a power of two >= 1, got {number}; use 1 or more")
+    if number & (number - 1):
+        low = 1 << (number.bit_length() - 1)
         raise ValueError(
-            f"max_capacity={capacity} is too large: one triple of that capacity takes "
-            f"{capacity * _BYTES_PER_TRIPLE_ENTRY} bytes, more than this machine's "
-            f"{memory} bytes of memory; use at most "
-            f"max_capacity={1 << (memory // _BYTES_PER_TRIPLE_ENTRY).bit_length() - 1}"
+            f"{name} must be a power of two >= 1, got {number}; the nearest are {low} and {2 * low}"
         )
+    if name == "max_capacity":
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):  # unknown (no sysconf): 1 TiB
+            memory = 1 << 40
+        if number * _TRIPLE_ENTRY_BYTES > memory > 0:
+            most = 1 << (memory // _TRIPLE_ENTRY_BYTES).bit_length() - 1
+            raise ValueError(
+                f"max_capacity={number} is too large: one triple of that capacity takes "
+                f"{number * _TRIPLE_ENTRY_BYTES} bytes, more than this machine's {memory} "
+                f"bytes of memory; use at most max_capacity={most}"
+            )
 
 
 def _check_dtype(_: object, attribute: attrs.Attribute[torch.dtype], value: object) -> None:
@@ -116,7 +158,6 @@ def _check_dtype(_: object, attribute: attrs.Attribute[torch.dtype], value: obje
 
 
 def _to_device(value: str | torch.device) -> torch.device:
-    """Convert a device string such as ``"cpu"``; anything else is left for the validator."""
     if isinstance(value, str):
         try:
             return torch.device(value)
@@ -144,11 +185,7 @@ def _check_bool(_: object, attribute: attrs.Attribute[bool], value: object) -> N
             f"{attribute.name} must be True or False, not {type(value).__name__} "
             f"({attribute.name}={value!r})"
         )
-
-
-def _check_pin_memory(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
-    _check_bool(instance, attribute, value)
-    if value:
+    if attribute.name == "pin_memory" and value:
         try:
             torch.empty(1, device="cpu", pin_memory=True)
         except RuntimeError as error:
@@ -165,7 +202,8 @@ def _check_debug(_: object, attribute: attrs.Attribute[str], value: object) -> N
         )
 
 
-# -- the record ----------------------------------------------------------------------------
+def _count(default: int, validator: typing.Any = _non_negative) -> typing.Any:
+    return attrs.field(default=default, converter=_plain_int, validator=validator)
 
 
 @typing.final
@@ -174,20 +212,19 @@ class Settings:
     """The validated settings of one pool; each is checked when the record is made.
 
     Integer settings take anything `operator.index` takes (numpy integers too, not bools)
-    and are stored as plain ints. Immutable, so safe to share between threads.
+    and are stored as plain ints.  Immutable, so safe to share between threads.
 
     Attributes:
         dtype: `torch.int64` (default) or `torch.uint64` (XPU's batched copy).
-        device: the CPU: descriptors are read by the host (a string such as ``"cpu"`` is
-            converted).
+        device: the CPU: descriptors are read by the host (``"cpu"`` is converted).
         pin_memory: page-locked buffers for non-blocking uploads; needs an accelerator.
         min_capacity: the smallest bucket, a power of two (default 16).
         max_capacity: the largest bucket, a power of two >= *min_capacity* (default 2**24)
             whose triple (24 bytes per entry) fits in the machine's physical memory.
-        max_cached_bytes: the most bytes of released buffers kept (>= 0, default 64 MiB).
-        max_cached_per_bucket: the most released buffers kept per bucket (>= 0, default 32).
+        max_cached_bytes: the most bytes of idle buffers kept (>= 0, default 64 MiB).
+        max_cached_per_bucket: the most idle buffers kept per bucket (>= 0, default 32).
         idle_trim_acquires: acquires after which an unused bucket's cache is freed (>= 0,
-            default 1024).
+            default 1024; 0 never).
         debug: ``"off"`` (default), ``"checks"`` or ``"strict"``.
         trace: record where each buffer was acquired (default False).
 
@@ -203,24 +240,12 @@ class Settings:
     device: torch.device = attrs.field(
         default=torch.device("cpu"), converter=_to_device, validator=_check_device
     )
-    pin_memory: bool = attrs.field(default=False, validator=_check_pin_memory)
-    min_capacity: int = attrs.field(
-        default=DEFAULT_MIN_CAPACITY, converter=_plain_int, validator=_check_min_capacity
-    )
-    max_capacity: int = attrs.field(
-        default=DEFAULT_MAX_CAPACITY, converter=_plain_int, validator=_check_max_capacity
-    )
-    max_cached_bytes: int = attrs.field(
-        default=DEFAULT_MAX_CACHED_BYTES, converter=_plain_int, validator=_check_non_negative
-    )
-    max_cached_per_bucket: int = attrs.field(
-        default=DEFAULT_MAX_CACHED_PER_BUCKET,
-        converter=_plain_int,
-        validator=_check_non_negative,
-    )
-    idle_trim_acquires: int = attrs.field(
-        default=DEFAULT_IDLE_TRIM_ACQUIRES, converter=_plain_int, validator=_check_non_negative
-    )
+    pin_memory: bool = attrs.field(default=False, validator=_check_bool)
+    min_capacity: int = _count(DEFAULT_MIN_CAPACITY, _power_of_two)
+    max_capacity: int = _count(DEFAULT_MAX_CAPACITY, _power_of_two)
+    max_cached_bytes: int = _count(DEFAULT_MAX_CACHED_BYTES)
+    max_cached_per_bucket: int = _count(DEFAULT_MAX_CACHED_PER_BUCKET)
+    idle_trim_acquires: int = _count(DEFAULT_IDLE_TRIM_ACQUIRES)
     debug: DebugLevel = attrs.field(default="off", validator=_check_debug)
     trace: bool = attrs.field(default=False, validator=_check_bool)
 
@@ -235,33 +260,21 @@ class Settings:
 _FIELDS = attrs.fields_dict(Settings)
 
 
-# -- resolving: arguments, then BUCKETPOOL_DEBUG, then BUCKETPOOL_CONF, then defaults --------
-
-
 def resolve_settings(
     explicit: Mapping[str, object], environ: Mapping[str, str] = os.environ
 ) -> Settings:
     """Merge explicit arguments, the environment and the defaults into checked `Settings`.
 
-    Explicit arguments that are not `None` win over ``BUCKETPOOL_DEBUG``, which wins over
-    ``BUCKETPOOL_CONF`` (comma-separated ``key=value`` items), which wins over the defaults.
-    A value that a higher source overrides (an explicit argument; ``BUCKETPOOL_DEBUG`` for
-    a ``debug`` item of ``BUCKETPOOL_CONF``) is not even parsed, so a bad one there cannot
-    fail the call. ``BUCKETPOOL_CONF`` may set `ENVIRONMENT_KEYS`; integers
-    are written as Python literals (``1024``, ``0x400``, ``1_024``), booleans as ``true`` or
-    ``false`` (any case), and each key at most once.
-
-    Args:
-        explicit: setting name -> argument; `None` means not given.
-        environ: the environment to read (`os.environ` by default, read at each call).
-
-    Returns:
-        The settings, each validated.
+    Arguments that are not None win over ``BUCKETPOOL_DEBUG``, which wins over
+    ``BUCKETPOOL_CONF`` (comma-separated ``key=value`` items of `ENVIRONMENT_KEYS`, integers
+    as Python literals, booleans as true or false, each key once), which wins over the
+    defaults.  A value that a higher source overrides is not parsed, so a bad one there
+    cannot fail the call.  Errors name the argument or variable and the value.
 
     Raises:
         TypeError: an unknown argument name, or an argument of the wrong type.
         ValueError: a malformed, unknown or duplicate ``BUCKETPOOL_CONF`` item, or a value
-            out of range; the message names the argument or variable and the value.
+            out of range.
         RuntimeError: ``pin_memory=True`` where nothing can pin memory.
     """
     given = {key: value for key, value in explicit.items() if value is not None}
@@ -281,13 +294,17 @@ def resolve_settings(
     for key, value in given.items():
         values[key], sources[key] = value, f"argument {key}={value!r}"
     for key, value in values.items():
-        _check(key, value, sources[key])
+        field = _FIELDS[key]
+        try:
+            converted = value if field.converter is None else field.converter(value)  # type: ignore[operator]
+            field.validator(None, field, converted)  # type: ignore[misc]
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise type(error)(f"{sources[key]}: {error}") from None
     try:
         return Settings(**values)  # type: ignore[arg-type]
     except ValueError as error:  # the only check across fields: min <= max capacity
-        where = " and ".join(
-            sources.get(key, f"default {key}") for key in ("min_capacity", "max_capacity")
-        )
+        names = ("min_capacity", "max_capacity")
+        where = " and ".join(sources.get(key, f"default {key}") for key in names)
         raise ValueError(f"{where}: {error}") from None
 
 
@@ -315,15 +332,12 @@ def _conf_items(text: str) -> dict[str, str]:
 
 def _parse(key: str, raw: str, where: str) -> object:
     if key == "debug":
-        level = raw.lower()
-        if level not in DEBUG_LEVELS:
+        if raw.lower() not in DEBUG_LEVELS:
             raise ValueError(f"{where}: unknown debug level; use one of {', '.join(DEBUG_LEVELS)}")
-        return level
+        return raw.lower()
     if key == "trace":
-        if raw.lower() == "true":
-            return True
-        if raw.lower() == "false":
-            return False
+        if raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
         raise ValueError(f"{where} is not a boolean; write true or false")
     try:
         if not raw.isascii():  # int() would take other scripts' digits: not a Python literal
@@ -331,15 +345,3 @@ def _parse(key: str, raw: str, where: str) -> object:
         return int(raw, 0)
     except ValueError:
         raise ValueError(f"{where} is not an integer; write e.g. {key}=1024") from None
-
-
-def _check(key: str, value: object, where: str) -> None:
-    """Run one setting's converter and validator, naming where a rejected value came from."""
-    field = _FIELDS[key]
-    converter = field.converter
-    try:
-        converted = value if converter is None else converter(value)  # type: ignore[operator]
-        if field.validator is not None:
-            field.validator(None, field, converted)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise type(error)(f"{where}: {error}") from None

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import attrs
 
-from bucketpool._verify import format_site
+from bucketpool._debug import format_site
 
 __all__ = ["BucketStats", "OutstandingBuffer", "PoolStats", "Stat", "build_stats", "outstanding_of"]
 

@@ -48,7 +48,7 @@ class ScriptedEvent:
 
     def query(self) -> bool:
         self.queries += 1
-        self.under_lock.append(_lock.inside())
+        self.under_lock.append(_lock.owned())
         answer = self.script.pop(0) if self.script else self.after
         if isinstance(answer, BaseException):
             raise answer

@@ -9,10 +9,37 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from bucketpool._errors import CapacityError
-from bucketpool._fill import (
-    DescriptorArrays,
-)
+from bucketpool import BucketPool, CapacityError, DescriptorBuffers
+
+DescriptorArrays = tuple[Any, Any, Any]
+_POOLS: dict[Any, BucketPool] = {}
+
+
+def _through_views(arrays: DescriptorArrays, fill: Callable[[DescriptorBuffers], int]) -> int:
+    """Run *fill* on a hand-out's views holding *arrays*' values; copy the result back.
+
+    The fills live on the views a pool hands out: this runs the array-based cases there.
+    """
+    dtype = np.dtype(arrays[0].dtype)
+    if dtype not in _POOLS:
+        torch_dtype = torch.int64 if dtype == np.int64 else torch.uint64
+        _POOLS[dtype] = BucketPool(dtype=torch_dtype, min_capacity=1)
+    with _POOLS[dtype].acquire(len(arrays[0])) as bufs:
+        for view, array in zip(bufs, arrays, strict=True):
+            view.numpy()[:] = array
+        try:
+            return fill(bufs)
+        finally:
+            for view, array in zip(bufs, arrays, strict=True):
+                array[:] = view.numpy()
+
+
+def add_copies(arrays: DescriptorArrays, *args: Any, **kwargs: Any) -> int:
+    return _through_views(arrays, lambda bufs: bufs.add_copies(*args, **kwargs))
+
+
+def add_block_copies(arrays: DescriptorArrays, *args: Any, **kwargs: Any) -> int:
+    return _through_views(arrays, lambda bufs: bufs.add_block_copies(*args, **kwargs))
 
 SENTINEL = 0x5A5A_5A5A_5A5A_5A5A
 

@@ -32,16 +32,8 @@ from hypothesis import strategies as st
 
 import bucketpool
 from bucketpool import BucketPool, DebugLevel, ReleaseError
-from bucketpool._blocks import BlockPlan, read_block_copies
 from bucketpool._errors import CapacityError
-from bucketpool._fill import (
-    DescriptorArrays,
-    add_block_copies,
-    add_copies,
-    write_block_copies,
-    write_copies,
-)
-from bucketpool._inputs import CopyPlan, read_copies
+from _fill_cases import DescriptorArrays, add_block_copies, add_copies
 
 # -- inputs that share memory with the descriptor arrays -----------------------------------
 
@@ -292,58 +284,10 @@ def logged_inputs(log: list[str]) -> dict[str, Callable[[list[int]], Any]]:
     }
 
 
-def plan_values(plan: CopyPlan | BlockPlan) -> list[object]:
-    """Every value a plan holds, the items of a tuple field included."""
-    values: list[object] = []
-    for value in attrs.asdict(plan, recurse=False).values():
-        values.extend(value if isinstance(value, tuple) else [value])
-    return values
 
 
-@pytest.mark.parametrize("form", ["sequence", "ndarray subclass", "tensor subclass"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_writing_a_copy_plan_calls_no_user_code(form: str, dtype: Any, log: list[str]) -> None:
-    make = logged_inputs(log)[form]
-    arrays = make_arrays(4, dtype)
-    d = np.dtype(dtype)
-    plan = read_copies(LoggedIndex(1, log), make([10, 20]), make([30, 40]), make([5, 6]), d, d, d)
-    assert log  # reading called back, as it must
-    log.clear()
-    assert write_copies(arrays, 4, plan) == 3
-    assert log == []
-    assert snapshot(arrays) == [[SENTINEL, a, b, SENTINEL] for a, b in ([10, 20], [30, 40], [5, 6])]
 
 
-@pytest.mark.parametrize("form", ["sequence", "ndarray subclass", "tensor subclass"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(
-    ("src_blocks", "dst_blocks"),
-    [
-        ([3], [0]),  # one descriptor
-        ([0, 1, 2], [4, 5, 6]),  # one run: one descriptor
-        ([0, 1, 5], [2, 3, 0]),  # runs merged
-        ([5, 0, 3], [1, 3, 0]),  # none merged
-    ],
-)
-def test_writing_a_block_plan_calls_no_user_code(
-    form: str, dtype: Any, src_blocks: list[int], dst_blocks: list[int], log: list[str]
-) -> None:
-    make = logged_inputs(log)[form]
-    arrays = make_arrays(4, dtype)
-    d = np.dtype(dtype)
-    first, src_base, dst_base, block_bytes, total_bytes = (
-        LoggedIndex(v, log) for v in (1, 64, 128, 16, len(src_blocks) * 16 - 2)
-    )
-    plan = read_block_copies(
-        first, src_base, dst_base, make(src_blocks), make(dst_blocks), block_bytes,
-        total_bytes=total_bytes, src_dtype=d, dst_dtype=d,
-    )  # fmt: skip
-    assert log
-    log.clear()
-    end = write_block_copies(arrays, 4, plan)
-    assert log == []
-    expected = reference_blocks(64, 128, src_blocks, dst_blocks, 16, len(src_blocks) * 16 - 2, True)
-    assert descriptors(arrays, 1, end) == expected
 
 
 PLAIN_FORMS: list[Callable[[list[int]], Any]] = [
@@ -353,57 +297,10 @@ PLAIN_FORMS: list[Callable[[list[int]], Any]] = [
 ]
 
 
-@pytest.mark.parametrize("form", PLAIN_FORMS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_plans_hold_only_ints_and_base_class_arrays(
-    form: Callable[[list[int]], Any], dtype: Any, log: list[str]
-) -> None:
-    d = np.dtype(dtype)
-    column = form([0, 60_000])
-    plans: list[CopyPlan | BlockPlan] = [
-        read_copies(np.int64(0), column, column, column, d, d, d),
-        read_copies(0, column, column, np.uint8(5), d, d, d),
-    ]
-    blocks = form([3, 1])
-    for coalesce in (True, False):
-        block_plan = read_block_copies(
-            np.uint32(0), np.int64(64), 128, blocks, blocks, np.int16(8), coalesce=coalesce,
-            src_dtype=d, dst_dtype=d,
-        )  # fmt: skip
-        plans.append(block_plan)
-    for plan in plans:
-        for value in plan_values(plan):
-            assert value is None or type(value) in (int, np.ndarray), (plan, value)
 
 
-def test_a_copy_plan_is_in_the_destination_dtypes() -> None:
-    i64, u64 = np.dtype(np.int64), np.dtype(np.uint64)
-    plan = read_copies(0, [2**63 + 1], np.array([7], dtype=np.int32), [5], i64, u64, u64)
-    assert plan.sources.dtype == i64
-    assert plan.sources.tolist() == [2**63 + 1 - 2**64]
-    assert plan.destinations.dtype == u64
-    assert isinstance(plan.byte_counts, np.ndarray)
-    assert plan.byte_counts.dtype == u64
-    assert (plan.first, plan.k) == (0, 1)
 
 
-@pytest.mark.parametrize(
-    ("src_blocks", "dst_blocks", "runs"),
-    [([], [], 0), ([4], [2], 1), ([0, 1, 2], [5, 6, 7], 1), ([0, 1, 5], [2, 3, 0], 2),
-     ([6, 3, 5, 0], [1, 4, 2, 7], 4)],
-)  # fmt: skip
-def test_a_block_plan_says_how_many_descriptors_it_writes(
-    src_blocks: list[int], dst_blocks: list[int], runs: int
-) -> None:
-    i64 = np.dtype(np.int64)
-    plan = read_block_copies(2, 0, 0, src_blocks, dst_blocks, 8, src_dtype=i64, dst_dtype=i64)
-    assert plan.runs == runs
-    assert plan.blocks == len(src_blocks)
-    assert write_block_copies(make_arrays(8), 8, plan) == 2 + runs
-    unmerged = read_block_copies(
-        2, 0, 0, src_blocks, dst_blocks, 8, coalesce=False, src_dtype=i64, dst_dtype=i64
-    )
-    assert unmerged.runs == len(src_blocks)
 
 
 def span_error(error: type[Exception]) -> bool:
@@ -411,99 +308,14 @@ def span_error(error: type[Exception]) -> bool:
     return error in (CapacityError, IndexError)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("change", "error", "fragments"), ERROR_CASES)
-def test_read_copies_rejects_what_add_copies_rejects(
-    change: dict[str, Any], error: type[Exception], fragments: Sequence[str], dtype: Any
-) -> None:
-    arrays = make_arrays(4, dtype)
-    d = np.dtype(dtype)
-    kwargs = {**GOOD, **change, "src_dtype": d, "dst_dtype": d, "size_dtype": d}
-    if span_error(error):
-        plan = read_copies(**kwargs)  # the span is the writer's to check
-        with pytest.raises(error) as info:
-            write_copies(arrays, 4, plan)
-    else:
-        with pytest.raises(error) as info:
-            read_copies(**kwargs)
-    for fragment in fragments:
-        assert fragment in str(info.value)
-    assert snapshot(arrays) == [[SENTINEL] * 4] * 3
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("change", "error", "fragments"), BLOCK_ERRORS)
-def test_read_block_copies_rejects_what_add_block_copies_rejects(
-    change: dict[str, Any], error: type[Exception], fragments: Sequence[str], dtype: Any
-) -> None:
-    arrays = make_arrays(4, dtype)
-    d = np.dtype(dtype)
-    kwargs = {**BLOCK_GOOD, **change, "src_dtype": d, "dst_dtype": d}
-    if span_error(error):
-        plan = read_block_copies(**kwargs)
-        with pytest.raises(error) as info:
-            write_block_copies(arrays, 4, plan)
-    else:
-        with pytest.raises(error) as info:
-            read_block_copies(**kwargs)
-    for fragment in fragments:
-        assert fragment in str(info.value)
-    assert snapshot(arrays) == [[SENTINEL] * 4] * 3
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_plan_that_does_not_fit_writes_nothing(dtype: Any) -> None:
-    # n, not the arrays' length, bounds the writes: here 3 of 4 entries may be written.
-    arrays = make_arrays(4, dtype)
-    d = np.dtype(dtype)
-    copies = read_copies(2, [1, 2], [3, 4], 5, d, d, d)
-    blocks = read_block_copies(2, 0, 0, [0, 2], [0, 2], 8, src_dtype=d, dst_dtype=d)
-    one_block = read_block_copies(3, 0, 0, [0, 1], [0, 1], 8, src_dtype=d, dst_dtype=d)
-    with pytest.raises(CapacityError, match=r"add_copies: k=2 copies .* first=2 .* n=3;"):
-        write_copies(arrays, 3, copies)
-    with pytest.raises(CapacityError, match=r"add_block_copies: k=2 descriptors .* n=3;"):
-        write_block_copies(arrays, 3, blocks)
-    with pytest.raises(CapacityError, match=r"k=1 descriptors .* first=3 .* n=3;"):
-        write_block_copies(arrays, 3, one_block)
-    negative = "first must be >= 0, got first=-1"
-    with pytest.raises(IndexError, match=negative):
-        write_copies(arrays, 4, read_copies(-1, [1], [2], 3, d, d, d))
-    with pytest.raises(IndexError, match=negative):
-        write_block_copies(
-            arrays, 4, read_block_copies(-1, 0, 0, [0], [1], 8, src_dtype=d, dst_dtype=d)
-        )
-    assert snapshot(arrays) == [[SENTINEL] * 4] * 3
 
 
-@pytest.mark.parametrize("integer", [int, np.int64, np.uint64, np.int32, np.uint8, np.int8])
-def test_reading_takes_numpy_integers_for_every_integer(integer: Callable[[int], Any]) -> None:
-    d = np.dtype(np.uint64)
-    copies = read_copies(integer(1), [10, 20], [30, 40], integer(5), d, d, d)
-    blocks = read_block_copies(
-        integer(2), integer(64), integer(96), [0, 2], [1, 3], integer(16),
-        total_bytes=integer(20), src_dtype=d, dst_dtype=d,
-    )  # fmt: skip
-    assert (copies.first, copies.byte_counts) == (1, 5)
-    assert (blocks.first, blocks.src_base, blocks.dst_base, blocks.block_bytes) == (2, 64, 96, 16)
-    assert blocks.trim == 12
-    for value in [*plan_values(copies), *plan_values(blocks)]:
-        assert value is None or type(value) in (int, np.ndarray)
 
 
-def test_each_integer_argument_is_read_once() -> None:
-    log: list[str] = []
-    read_copies(LoggedIndex(0, log), [1], [2], 3, *[np.dtype(np.int64)] * 3)
-    assert log == ["__index__"]
-    log.clear()
-    i64 = np.dtype(np.int64)
-    first, src_base, dst_base, block_bytes, total_bytes = (
-        LoggedIndex(v, log) for v in (0, 2**64 - 64, 4096, 32, 30)
-    )
-    read_block_copies(
-        first, src_base, dst_base, [1], [0], block_bytes, total_bytes=total_bytes,
-        src_dtype=i64, dst_dtype=i64,
-    )  # fmt: skip
-    assert log == ["__index__"] * 5
 
 
 # -- hostile inputs ------------------------------------------------------------------------

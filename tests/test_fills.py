@@ -32,10 +32,7 @@ from hypothesis import strategies as st
 
 from bucketpool import BucketPool
 from bucketpool._errors import CapacityError
-from bucketpool._fill import (
-    add_block_copies,
-    add_copies,
-)
+from _fill_cases import add_block_copies, add_copies
 from bucketpool.testing import swap_blocks_batch
 
 # -- add_copies: values, chaining, input forms ---------------------------------------------

@@ -58,7 +58,7 @@ GUARD_S = 60.0
 
 def test_acquire_from_inside_the_pool_raises_instead_of_deadlocking() -> None:
     pool = BucketPool()
-    with pool._lock, pytest.raises(PoolError, match="finaliser or signal handler"):
+    with _lock.LOCK, pytest.raises(PoolError, match="finaliser or signal handler"):
         pool.acquire(3)  # what a finaliser run under the lock would do
     with pool.acquire(3):
         pass
@@ -89,7 +89,7 @@ def test_every_operation_from_inside_the_pool_raises_and_changes_nothing(
             pass
     handle = pool.acquire(3)
     before = pool.stats()
-    with pool._lock, pytest.raises(PoolError, match=f"^{operation} was called from a finaliser"):
+    with _lock.LOCK, pytest.raises(PoolError, match=f"^{operation} was called from a finaliser"):
         call(pool)
     assert pool.stats() == before
     handle.release()
@@ -100,14 +100,14 @@ def test_every_operation_from_inside_the_pool_raises_and_changes_nothing(
 def test_a_release_from_inside_the_pool_waits_in_the_inbox() -> None:
     pool = BucketPool()
     handle = pool.acquire(3)
-    with pool._lock:  # as a finaliser that interrupted this thread inside the pool
+    with _lock.LOCK:  # as a finaliser that interrupted this thread inside the pool
         handle.release()
         # queued: the lock is never waited for here
-        assert sum(len(b.inbox) for b in pool._buckets) == 1
+        assert sum(len(b.inbox) for b in pool._ledger.buckets) == 1
     assert pool.stats().active_requests.current == 0  # drained by the next operation
     assert handle.released
     assert pool.stats().cached_bytes == TRIPLE_16
-    assert not any(b.inbox for b in pool._buckets)
+    assert not any(b.inbox for b in pool._ledger.buckets)
 
 
 def test_a_queued_release_is_taken_back_by_the_call_that_leaves_the_pool() -> None:
@@ -115,7 +115,7 @@ def test_a_queued_release_is_taken_back_by_the_call_that_leaves_the_pool() -> No
     queued = pool.acquire(1 << 12)
     memory = weakref.ref(queued.buffers[0]._base)
     other = pool.acquire(16)
-    with pool._lock:  # as a finaliser that ran inside a move of this thread
+    with _lock.LOCK:  # as a finaliser that ran inside a move of this thread
         queued.release()
     assert memory() is not None  # queued, not yet taken back
     other.release()  # any pool call's end takes it back: no later call needed
@@ -126,7 +126,7 @@ def test_a_queued_release_keeps_no_dropped_pool_alive() -> None:
     pool = BucketPool()
     handle = pool.acquire(1 << 12)
     memory = weakref.ref(handle.buffers[0]._base)
-    with pool._lock:  # queued, as from a finaliser inside a move
+    with _lock.LOCK:  # queued, as from a finaliser inside a move
         handle.release()
     dropped = weakref.ref(pool)
     del handle, pool
@@ -136,7 +136,7 @@ def test_a_queued_release_keeps_no_dropped_pool_alive() -> None:
 
 def test_a_deferred_release_counts_as_released_at_once(pool: BucketPool) -> None:
     handle = pool.acquire(3)
-    with pool._lock:  # as a finaliser that interrupted this thread inside the pool
+    with _lock.LOCK:  # as a finaliser that interrupted this thread inside the pool
         handle.release()
     assert handle.released
     with pytest.raises(ReleaseError):
@@ -156,9 +156,9 @@ def test_a_with_block_closed_by_gc_inside_the_pool_lock_does_not_deadlock() -> N
     queued: list[int] = []
 
     def collect_inside_the_lock() -> None:
-        with pool._lock:  # as an allocation under the lock in stats() or acquire can do
+        with _lock.LOCK:  # as an allocation under the lock in stats() or acquire can do
             gc.collect()
-            queued.append(sum(len(b.inbox) for b in pool._buckets))
+            queued.append(sum(len(b.inbox) for b in pool._ledger.buckets))
 
     thread = threading.Thread(target=collect_inside_the_lock, daemon=True)
     gc.collect()
@@ -202,12 +202,14 @@ def test_a_collected_with_exit_inside_one_pool_never_waits_for_another() -> None
     closed_inside: list[bool] = []
     m_seen_waiting: list[bool] = []
 
+    a_lock = b_lock = _lock.LOCK  # every pool's lock is the one lock
+
     def thread_t() -> None:
-        with b._lock:
+        with b_lock:
             t_inside.set()
             deadline = time.monotonic() + GUARD_S  # a failure guard only
             while not m_inside.is_set() and time.monotonic() < deadline:
-                if waiting_at(threads[1], "with a._lock:"):
+                if waiting_at(threads[1], "with a_lock:"):
                     m_seen_waiting.append(True)  # with one lock M cannot get in: T goes on
                     break
                 time.sleep(0)
@@ -216,7 +218,7 @@ def test_a_collected_with_exit_inside_one_pool_never_waits_for_another() -> None
 
     def thread_m() -> None:
         t_inside.wait()
-        with a._lock:
+        with a_lock:
             m_inside.set()
             held_b.release()  # queued: it never waits for a lock
 
@@ -562,7 +564,7 @@ INTERRUPTED_CALLS: dict[str, Callable[[DebugLevel], tuple[BucketPool, Call]]] = 
 def check_nothing_lost(pool: BucketPool, where: str | None) -> None:
     """After an interrupted call (its dropped handles finalised): no lock held, every buffer
     in one place and back, and the pool still works."""
-    assert not _lock.inside(), where
+    assert not _lock.owned(), where
     assert _lock.LOCK.acquire(blocking=False), f"the lock is held after an interrupt at {where}"
     _lock.LOCK.release()
     pool.synchronize()
@@ -852,7 +854,7 @@ def test_fork_while_a_thread_inside_the_pool_drops_a_leaked_handle() -> None:
         seen = []
 
         def inside_b():
-            with b._lock:  # as in a pool call of B, where a collection runs A's finaliser
+            with __import__("bucketpool._lock", fromlist=["LOCK"]).LOCK:  # as in a pool call of B, where a collection runs A's finaliser
                 inside.set()
                 deadline = time.monotonic() + 60  # a failure guard only
                 while not blocked_in_fork_handler(main) and time.monotonic() < deadline:

@@ -1,10 +1,12 @@
-"""Taking back what waits in a pool's inbox, and reporting leaks at the line that acquired.
+"""What comes back: the inbox taken back, leaks reported, and what the caps free.
 
-Releases and dropped holders append to their bucket's inbox without the lock.  `drain`
-takes each entry back with the ledger's `Ledger.settle` move, then applies what the caps
-say, outside the lock.  A dropped holder is reported with a `LeakWarning`, once per acquire site, at
-that site's file and line (as `warnings.warn_explicit` does), so that an IDE, a
-``-W error`` run or pytest's summary points at the code that acquired.
+Releases from finalisers and signal handlers, and dropped holders, append to their
+bucket's inbox without the lock; `drain` takes each entry back with the ledger's `settle`
+move and applies the caps outside the lock.  A dropped holder is reported with a
+`LeakWarning`, once per acquire site, at that site's file and line (as
+`warnings.warn_explicit` does), so an IDE, ``-W error`` or pytest points at the code that
+acquired.  The trims choose and loop here, outside the lock, freeing one buffer per
+`Ledger.uncache` move, so a trim of many buffers never holds the lock for long.
 """
 
 from __future__ import annotations
@@ -12,13 +14,12 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from bucketpool import _verify
-from bucketpool._buffer import LEAK_TUPLE, Bucket, Entry
+from bucketpool import _debug
+from bucketpool._buffer import Bucket
 from bucketpool._errors import LeakWarning
-from bucketpool._ledger import Leak, Ledger
-from bucketpool._policy import trim_to
+from bucketpool._ledger import Entry, Leak, Ledger
 
-__all__ = ["drain", "take_back", "warn"]
+__all__ = ["check_reserve", "drain", "sweep_idle", "take_back", "trim_to", "warn"]
 
 
 def drain(ledger: Ledger, reported: set[object], only: Bucket | None = None) -> list[str]:
@@ -71,16 +72,16 @@ def take_back(
 
 
 def _report_leak(leak: Leak, reported: set[object]) -> None:
-    n, code, lasti, where, kind = leak
-    line = _verify.line_of(where) or _verify.code_line(code, lasti)  # type: ignore[arg-type]
+    n, code, lasti, where, adapted = leak
+    line = _debug.line_of(where) or _debug.code_line(code, lasti)  # type: ignore[arg-type]
     key: object = line or n
     if key in reported:
         return
     reported.add(key)
-    at = _verify.format_site(where if where is not None else line)  # type: ignore[arg-type]
+    at = _debug.format_site(where if where is not None else line)  # type: ignore[arg-type]
     advice = (
         "Call pool.release(bufs) on every triple acquire() returned"
-        if kind is LEAK_TUPLE
+        if adapted
         else "Use 'with pool.acquire(n) as bufs:' or call handle.release()"
     )
     warn(
@@ -124,3 +125,53 @@ class _Unraisable:
 
     def __del__(self) -> None:
         raise self.error
+
+
+def trim_to(ledger: Ledger, limit: int | None, keep: Bucket | None = None) -> int:
+    """Free cached buffers, least recently used bucket first; return the bytes freed.
+
+    Until at most *limit* bytes stay cached (None: until the cache fits the byte cap);
+    never *keep*'s.
+    """
+    freed = 0
+    for bucket in sorted(ledger.buckets, key=_last_use):
+        if bucket is keep or not bucket.free:  # a hint, read without the lock: uncache checks
+            continue
+        while (buffer := ledger.uncache(bucket, False, limit)) is not None:
+            freed += bucket.nbytes
+            buffer.scrap()
+    return freed
+
+
+def sweep_idle(ledger: Ledger, idle: int) -> None:
+    """Free every cached buffer of the buckets unused for *idle* acquires or more (0: none)."""
+    if not idle:
+        return
+    tick = ledger.tick
+    for bucket in ledger.buckets:
+        if bucket.free and tick - bucket.last_tick >= idle:
+            while (buffer := ledger.uncache(bucket, False, -1)) is not None:
+                buffer.scrap()
+
+
+def _last_use(bucket: Bucket) -> int:
+    return bucket.last_tick
+
+
+def check_reserve(ledger: Ledger, bucket: Bucket, size: int, number: int) -> None:
+    """Refuse to reserve *number* buffers of *bucket* (for *size*) that the caps would not keep.
+
+    Raises:
+        ValueError: they would take the bucket over ``max_cached_per_bucket`` or the idle
+            bytes (cached and parked) over ``max_cached_bytes``; nothing was allocated.
+    """
+    cached = ledger.cached[bucket.index] + number
+    idle_bytes = ledger.allocated_bytes - ledger.active_bytes + number * bucket.nbytes
+    idle_bytes += ledger.view_bytes
+    per_bucket, max_bytes = ledger.max_cached_per_bucket, ledger.max_cached_bytes
+    if number and (cached > per_bucket or idle_bytes > max_bytes):
+        raise ValueError(
+            f"reserve({size}, count={number}) would cache {cached} buffers ({idle_bytes:,} "
+            f"bytes) but max_cached_per_bucket={per_bucket} and max_cached_bytes="
+            f"{max_bytes:,}; reserve fewer or raise the caps"
+        )

@@ -1,0 +1,314 @@
+"""The views a pool hands out, and the fills they own: `add_copies`, `add_block_copies`.
+
+A fill reads every input first (`bucketpool._inputs`, where all user code runs), then
+checks that the views belong to the live hand-out, then writes through the pool's own
+numpy arrays of the buffer (`write`).  Arrays of the pool's dtype take a fast path that
+makes the same checks inline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, NoReturn, Protocol, SupportsIndex, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from bucketpool._errors import CapacityError, ReleaseError
+from bucketpool._inputs import Plan, read_block_copies, read_copies
+from bucketpool._settings import as_index
+
+__all__ = [
+    "CompletionEvent",
+    "DescriptorArrays",
+    "DescriptorBuffers",
+    "IntArray",
+    "IntegerInput",
+    "Views",
+    "record",
+    "write",
+]
+
+#: A 1-D numpy array of any integer dtype.
+IntArray: TypeAlias = npt.NDArray[np.integer[Any]]
+#: ``(src, dst, sizes)``: three 1-D int64 or uint64 arrays of one length, written in place.
+DescriptorArrays: TypeAlias = tuple[IntArray, IntArray, IntArray]
+#: A column of values for a fill: a numpy integer array, a CPU integer tensor, or a
+#: sequence of ints (bools are refused at run time, though a type checker takes them).
+IntegerInput: TypeAlias = IntArray | torch.Tensor | Sequence[int | np.integer[Any]]
+
+_ndarray = np.ndarray
+_I64 = np.dtype(np.int64)
+# The C function: np.may_share_memory first goes through __array_function__ dispatch.
+_may_share = getattr(np.may_share_memory, "_implementation", np.may_share_memory)
+
+
+class CompletionEvent(Protocol):
+    """What `record_event` accepts: `torch.Event`, `torch.cuda.Event`, ...
+
+    Only ``query()`` is required; ``synchronize()``, where present, lets
+    `BucketPool.synchronize` block instead of polling.
+    """
+
+    def query(self) -> bool:
+        """Return whether the work recorded before the event has finished."""
+        ...
+
+
+class DescriptorBuffers(NamedTuple):
+    """The three descriptor tensors one `swap_blocks_batch` call takes.
+
+    Each is a 1-D contiguous CPU tensor of the pool's dtype and exactly ``n`` entries, a
+    zero-copy view of one of the pool's buffers.  The views a pool hands out also fill
+    themselves (`add_copies`, `add_block_copies`), cut the count written (`shrink`) and
+    record the copy's event (`record_event`), for as long as their hand-out lasts.
+    """
+
+    src_ptrs: torch.Tensor
+    dst_ptrs: torch.Tensor
+    sizes: torch.Tensor
+
+    def add_copies(
+        self,
+        first: SupportsIndex,
+        sources: IntegerInput,
+        destinations: IntegerInput,
+        byte_counts: IntegerInput | SupportsIndex,
+    ) -> int:
+        """Write copies into entries ``[first, first + k)`` and return ``first + k``.
+
+        Copy ``i`` moves ``byte_counts[i]`` bytes from ``sources[i]`` to
+        ``destinations[i]``.  Columns are numpy integer arrays, CPU integer tensors or
+        sequences of ints, of one length ``k``; *byte_counts* may be one int for every
+        copy.  Addresses are 0..2**64-1, stored as their bits (values in int64 arrays and
+        tensors are taken as bits already; Python ints and narrower signed dtypes must be
+        >= 0); byte counts are 0..2**63-1.  Every input is read and checked before the
+        first entry is written, so a call that raises writes nothing; inputs may share
+        memory with the views (to swap directions, say).
+
+        Raises:
+            ReleaseError: the hand-out these views belong to is over.
+            TypeError: an input is not integer, a tensor is not on the CPU, or these
+                views were not handed out by a pool.
+            CapacityError: ``first + k > n`` (an `IndexError` and a `ValueError`).
+            IndexError: *first* is negative.
+            ValueError: a column is not 1-D, lengths differ, or a value is out of range.
+        """
+        try:
+            buffer = self._buffer  # type: ignore[attr-defined]
+        except AttributeError:
+            _not_handed_out("add_copies")
+        token = self._token  # type: ignore[attr-defined]  # before any user code runs
+        dtype = buffer.dtype_np
+        if (  # the fast path: arrays of the pool's dtype, every check inline
+            type(first) is int
+            and type(sources) is _ndarray
+            and type(destinations) is _ndarray
+            and type(byte_counts) is _ndarray
+            and sources.dtype is dtype
+            and destinations.dtype is dtype
+            and byte_counts.dtype is dtype
+            and sources.ndim == destinations.ndim == byte_counts.ndim == 1
+            and len(sources) == len(destinations) == len(byte_counts)
+            and (not len(byte_counts) or _least(byte_counts, dtype) >= 0)
+        ):
+            plan: Plan = (first, len(sources), sources, destinations, byte_counts)
+        else:
+            plan = read_copies(first, sources, destinations, byte_counts, dtype)
+        if token <= 0 or buffer.token != token:
+            _over("add_copies", buffer)
+        return write(buffer.arrays, buffer.n, plan, "add_copies")
+
+    def add_block_copies(
+        self,
+        first: SupportsIndex,
+        src_base: SupportsIndex,
+        dst_base: SupportsIndex,
+        src_blocks: IntegerInput,
+        dst_blocks: IntegerInput,
+        block_bytes: SupportsIndex,
+        *,
+        total_bytes: SupportsIndex | None = None,
+        coalesce: bool = True,
+    ) -> int:
+        """Write copies of whole blocks between two block-structured regions.
+
+        Copy ``i`` moves *block_bytes* from ``src_base + src_blocks[i] * block_bytes`` to
+        ``dst_base + dst_blocks[i] * block_bytes``.  With *coalesce*, runs where both
+        block indices step by one become one descriptor.  *total_bytes* trims the last
+        copy so that exactly that many bytes move.  Returns the next free entry.  Every
+        input is read and checked before the first entry is written.
+
+        Raises:
+            ReleaseError: the hand-out these views belong to is over.
+            TypeError: an input is not integer, or these views were not handed out.
+            CapacityError: the descriptors do not fit in ``[first, n)``.
+            IndexError: *first* is negative.
+            ValueError: bad lengths, block indices, block size, bases or *total_bytes*.
+        """
+        try:
+            buffer = self._buffer  # type: ignore[attr-defined]
+        except AttributeError:
+            _not_handed_out("add_block_copies")
+        token = self._token  # type: ignore[attr-defined]
+        plan = read_block_copies(
+            *(first, src_base, dst_base, src_blocks, dst_blocks, block_bytes),
+            *(total_bytes, coalesce, buffer.dtype_np),
+        )
+        if token <= 0 or buffer.token != token:
+            _over("add_block_copies", buffer)
+        return write(buffer.arrays, buffer.n, plan, "add_block_copies")
+
+    def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
+        """Return views of the first *count* entries: exactly what a step wrote.
+
+        Entries are not cleared between holders, so pass `swap_blocks_batch` exactly the
+        entries written, the count a fill returned::
+
+            with pool.acquire(n) as bufs:
+                end = bufs.add_copies(0, sources, destinations, sizes)
+                swap_blocks_batch(*bufs.shrink(end))
+
+        These views keep their length; the views returned belong to the same hand-out
+        (they fill, shrink and record events too).  No data is copied.
+
+        Raises:
+            ReleaseError: the hand-out these views belong to is over.
+            TypeError: *count* is not an integer, or these views were not handed out.
+            ValueError: *count* is negative or above the hand-out's ``n``.
+        """
+        try:
+            buffer = self._buffer  # type: ignore[attr-defined]
+        except AttributeError:
+            _not_handed_out("shrink")
+        token = self._token  # type: ignore[attr-defined]
+        if type(count) is not int:
+            count = as_index(count, "shrink: count", hint="pass the index add_copies() returned")
+        if token <= 0 or buffer.token != token:
+            _over("shrink", buffer)
+        if not 0 <= count <= buffer.n:
+            raise ValueError(
+                f"shrink: count={count} is outside 0..n={buffer.n}; views can only shrink "
+                "(acquire a larger handle to write more entries)"
+            )
+        views: DescriptorBuffers = buffer.views_for(count)
+        return views
+
+    def record_event(self, event: CompletionEvent) -> None:
+        """Keep the buffer out of reuse until *event* reports done.
+
+        Record the event after the `swap_blocks_batch` call (or upload) that reads the
+        descriptors.  Several events may be recorded; all must complete.  Events found
+        done while the hand-out lasts are dropped.
+
+        Raises:
+            ReleaseError: the hand-out these views belong to is over.
+            TypeError: *event* has no ``query()`` method, or these views were not handed out.
+            InFlightWriteError: (debug levels) the descriptors changed while an earlier
+                recorded copy could still read them; *event* was recorded all the same.
+        """
+        try:
+            buffer = self._buffer  # type: ignore[attr-defined]
+        except AttributeError:
+            _not_handed_out("record_event")
+        record(buffer, self._token, event)  # type: ignore[attr-defined]
+
+
+class Views(DescriptorBuffers):
+    """A view set a pool hands out: `DescriptorBuffers` that know their buffer and hand-out.
+
+    ``_token`` is the hand-out's token, set each time the set is handed to a holder; the
+    fills refuse once the buffer's token moved on.
+    """
+
+    _buffer: Any  # a `bucketpool._buffer.Buffer` (which imports this module)
+    _token: int
+
+    # A copy is the public tuple, never a second set of views that could fill the buffer.
+    def __copy__(self) -> DescriptorBuffers:
+        return DescriptorBuffers(*self)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> DescriptorBuffers:
+        return DescriptorBuffers(*(tensor.clone() for tensor in self))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Plain tensors: a strict hand-out's guarded views carry what cannot be pickled.
+        return (DescriptorBuffers, tuple(tensor.as_subclass(torch.Tensor) for tensor in self))
+
+
+Views.__name__ = Views.__qualname__ = "DescriptorBuffers"  # reprs say the public name
+
+
+def write(arrays: DescriptorArrays, n: int, plan: Plan, op: str) -> int:
+    """Write *plan* into entries ``[first, first + k)`` of *arrays*, of which *n* may be.
+
+    Calls no user code.  An input that may share memory with the arrays is copied first,
+    so the result is as if every input were read before the first write.
+
+    Raises:
+        CapacityError: ``first + k > n``; nothing was written.
+        IndexError: *first* is negative.
+    """
+    first, k, sources, destinations, sizes = plan
+    end = first + k
+    if first < 0:
+        raise IndexError(f"{op}: first must be >= 0, got first={first}")
+    if end > n:
+        what = "copies" if op == "add_copies" else "descriptors"
+        raise CapacityError(
+            f"{op}: k={k} {what} starting at first={first} need entries up to {end}, but the "
+            f"buffers hold n={n}; nothing was written: acquire at least {end} entries, or "
+            "split the batch"
+        )
+    src, dst, size = arrays
+    whole = src.base if src.base is not None else src
+    if destinations.base is not None and _may_share(destinations, whole):
+        destinations = destinations.copy()
+    if type(sizes) is _ndarray and sizes.base is not None and _may_share(sizes, whole):
+        sizes = sizes.copy()
+    src[first:end] = sources
+    dst[first:end] = destinations
+    size[first:end] = sizes
+    return end
+
+
+def record(buffer: Any, token: int, event: CompletionEvent) -> None:
+    """Add *event* to the events of *buffer*'s hand-out *token* (the holder's call).
+
+    Raises:
+        ReleaseError: the hand-out is over (also when an event's ``query()`` ended it).
+        TypeError: *event* has no ``query()`` method.
+        InFlightWriteError: (debug levels) see `DescriptorBuffers.record_event`.
+    """
+    if token <= 0 or buffer.token != token:
+        _over("record_event", buffer)
+    if not callable(getattr(event, "query", None)):
+        raise TypeError(
+            "record_event needs an object with a query() -> bool method "
+            f"(torch.Event, torch.cuda.Event), got {type(event).__name__}"
+        )
+    if not buffer.record(token, event):
+        _over("record_event", buffer)
+
+
+def _least(counts: IntArray, dtype: np.dtype[Any]) -> int:
+    """The least byte count, as int64 (a uint64 one of 2**63 or more reads as negative)."""
+    signed = counts if dtype is _I64 else counts.view(_I64)
+    least: int = signed.item(signed.argmin())
+    return least
+
+
+def _over(op: str, buffer: Any) -> NoReturn:
+    raise ReleaseError(
+        f"{op}: these views (capacity {buffer.bucket.capacity}) belong to a hand-out that is "
+        "over (released); use the views of a live handle (with pool.acquire(n) as bufs: ...)"
+    )
+
+
+def _not_handed_out(op: str) -> NoReturn:
+    raise TypeError(
+        f"{op} works on the views a pool hands out (with pool.acquire(n) as bufs: ...); "
+        "these DescriptorBuffers were built some other way, so there is no hand-out to "
+        "fill: write the tensors directly"
+    )
