@@ -31,7 +31,7 @@ from bench._pools import (
 )
 from bench._stats import Measurement, exact, median_of, ops_for, ratio_of, time_ns
 from bench._targets import STEP
-from bench._traces import Trace
+from bench._traces import Trace, builtin_traces, select_traces
 from bucketpool import BucketPool, DebugLevel
 
 __all__ = [
@@ -192,7 +192,8 @@ class FillStepCase(SeriesCase):
     ``[:end]`` slices written through their ``.numpy()`` aliases (numpy), release.
     """
 
-    def __init__(self, trace: Trace, seed: int = 0) -> None:
+    def __init__(self, ops: int, seed: int = 0) -> None:
+        (trace,) = select_traces(builtin_traces(ops, seed), ["normal-64"])  # its first steps
         ways = ("setitem", "numpy")
         super().__init__(
             "fill-step",
@@ -206,7 +207,7 @@ class FillStepCase(SeriesCase):
     def make(self) -> dict[str, Series]:
         """Draw each step's copies, make the pools."""
         steps, ops = self.trace.steps, self.trace.ops
-        assert steps is not None, "a trace whose steps are released at once"
+        assert steps is not None, "normal-64 releases each step at once"
         rng = np.random.default_rng(self._seed)
         copies = [random_copies(rng, end) for end in self.trace.ends]
         lists = [(s.tolist(), d.tolist(), z.tolist()) for s, d, z in copies]

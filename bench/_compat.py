@@ -8,9 +8,9 @@ raises, or a triple shorter than asked, is a refusal.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
-import threading
 import typing
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -77,19 +77,8 @@ def _any_order(pool: DescriptorBufferPool) -> None:
 
 def _other_thread(pool: DescriptorBufferPool) -> None:
     bufs = _take(pool, 256)
-    errors: list[BaseException] = []
-
-    def release() -> None:
-        try:
-            pool.release(bufs)
-        except BaseException as error:  # re-raised in the calling thread
-            errors.append(error)
-
-    worker = threading.Thread(target=release)
-    worker.start()
-    worker.join()
-    if errors:
-        raise errors[0]
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:
+        worker.submit(pool.release, bufs).result()  # raises what the release raised
 
 
 def _aliased(_: DescriptorBufferPool) -> None:

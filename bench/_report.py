@@ -20,12 +20,12 @@ from bench._targets import CHECK_FAILED, CHECK_UNSURE, STEP, Check, exit_status
 __all__ = ["format_bytes", "format_measurement", "format_value", "render_table"]
 
 #: What is timed, said once in every report.
-LEGEND = (
-    "step: bucketpool `with pool.acquire(n) as bufs: views = bufs.shrink(end)`; original "
-    "(vLLM's pool, rebuilt in bench/_original.py) and compat: `bufs = pool.acquire(n)`, "
-    "three [:end] slices, `pool.release(bufs)`; end = n in 3 steps of 4, else uniform in "
-    f"[n // 2, n).  Ratios a/b: per-round (paired) medians, [{CONFIDENCE:.0%} interval, at "
-    f"least +-{RESOLUTION:.0%}]; lower is better unless the bound says >=."
+_LEGEND = (
+    "step: bucketpool `with pool.acquire(n) as bufs: views = bufs.shrink(end)`; the original\n"
+    "(vLLM's pool, rebuilt in bench/_original.py) and compat: `bufs = pool.acquire(n)`, three\n"
+    "[:end] slices, `pool.release(bufs)`; end = n in 3 steps of 4, else uniform in [n // 2, n).\n"
+    f"Ratios a/b: per-round (paired) medians [{CONFIDENCE:.0%} interval, at least "
+    f"+-{RESOLUTION:.0%}]; lower is better unless the bound says >=."
 )
 #: Verdicts, worst first.
 _VERDICTS: tuple[Verdict, ...] = ("FAIL", "UNSURE", "LOADED", "PASS")
@@ -224,7 +224,7 @@ def render_table(
     lines = [
         f"bucketpool {env['version']} benchmark: Python {env['python']}, torch {env['torch']}, "
         f"numpy {env['numpy']}, {env['platform']}, {env['cpus']} CPUs",
-        LEGEND,
+        _LEGEND,
     ]
     traces = [case for case in result.cases if isinstance(case, TraceCase)]
     fills = [case for case in result.cases if isinstance(case, FillsCase)]

@@ -33,14 +33,7 @@ from bench._fills import FILL_SIZES, FillsCase
 from bench._parked import CollectCase, EventedCase, ParkedCase, ParkedStuckCase
 from bench._stats import RESOLUTION, Measurement
 from bench._targets import TARGETS, Check, TargetSpec, check_targets
-from bench._traces import (
-    CASE_KINDS,
-    DEFAULT_OPS,
-    QUICK_OPS,
-    Trace,
-    builtin_traces,
-    select_traces,
-)
+from bench._traces import CASE_KINDS, DEFAULT_OPS, QUICK_OPS, Trace
 
 __all__ = [
     "LOAD_TOLERANCE",
@@ -111,7 +104,7 @@ def build_cases(settings: Settings, traces: Sequence[Trace], kinds: Iterable[str
     s = settings
     makers: dict[str, Callable[[], Sequence[Case]]] = {
         "fills": lambda: [FillsCase(k, s.min_pass_ns, s.seed) for k in FILL_SIZES],
-        "fill-step": lambda: [FillStepCase(_fill_trace(s), s.seed)],
+        "fill-step": lambda: [FillStepCase(min(s.ops, s.fill_step_ops), s.seed)],
         "parked": lambda: (
             ParkedCase(s.ops, s.parked),
             EventedCase(s.ops),
@@ -127,13 +120,6 @@ def build_cases(settings: Settings, traces: Sequence[Trace], kinds: Iterable[str
         if kind in chosen:
             cases.extend(make())
     return cases
-
-
-def _fill_trace(settings: Settings) -> Trace:
-    """The fill step's trace: normal-64's first steps (their ends as in the full trace)."""
-    traces = builtin_traces(min(settings.ops, settings.fill_step_ops), settings.seed)
-    (trace,) = select_traces(traces, ["normal-64"])
-    return trace
 
 
 @typing.final
