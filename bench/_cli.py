@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Time bucketpool's documented step, its fills and its other promises "
         "against the original DescriptorBufferPool, rounds interleaved in one process; "
-        "report each ratio with a 95%% interval and judge each promise and goal.",
+        "report each ratio with a 95% interval and judge each promise and goal.",
         epilog="exit status: 0 after a run; with --check, 0 when every promise holds, 1 when "
         "one FAILs, 3 when one is UNSURE or LOADED; 2 for a usage error.",
     )

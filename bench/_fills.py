@@ -2,8 +2,8 @@
 
 ``bufs.add_copies(0, src, dst, sizes)`` from numpy int64 arrays and from lists of ints,
 against bare numpy writing the same inputs into three preallocated int64 arrays
-(``a[0:k] = src`` ...); at `SETITEM_SIZES`, ``t[i] = v`` per entry on the original's three
-tensors (what its callers do without numpy; linear in k beyond); and
+(``a[0:k] = src`` ...); at `SETITEM_SIZES`, ``t[i] = v`` per entry, ints from the lists, on
+the original's three tensors (what its callers do without numpy; linear in k beyond); and
 ``add_block_copies`` on consecutive and on shuffled blocks.  Each series is timed in batches
 long enough to time, interleaved per round.
 """
