@@ -1,49 +1,48 @@
-"""The case interface, its helpers, and the cases of the traces and of the debug levels.
+"""The case interface and its base class; the cases of the traces, the fill step, debug.
 
-A case holds its pools for the whole run.  `Case.setup` makes them and runs the untimed
-warm-up; each `Case.round` runs every series of the case once, back to back, and appends
-one sample per series; `Case.measurements` turns the samples into figures with intervals
-(see `bench._stats`).  The runner may call `Case.round` again later to narrow an
-interval, so a round never depends on how many came before.
-
-Cases here: one per trace and the debug levels; the others (parked handles, threads,
-fills, memory overhead, the leak-site cost, the floor, compat's acceptance) live in their own
-modules.  Kept custom: the cases interleave several pools in one process (pyperf would run
-each in its own worker process, where pairing is lost).
+A case holds its pools for the whole run.  `Case.setup` makes them and warms them up; each
+`Case.round` runs every series of the case once, back to back, appending one sample to
+each; `Case.measurements` turns the samples into figures.  The runner may call `Case.round`
+again later to narrow an interval, so a round never depends on the rounds before it.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import math
 import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+import numpy as np
+
 from bench._compat import compat_refusals
-from bench._pools import IMPLEMENTATIONS, Implementation, handle_ops, make_implementations
-from bench._stats import (
-    Measurement,
-    Unit,
-    exact,
-    paired_ratios,
-    relative_spread,
-    summarize,
-    time_ns,
+from bench._original import OriginalDescriptorBufferPool
+from bench._pools import (
+    IMPLEMENTATIONS,
+    Driver,
+    drivers,
+    handle_ops,
+    numpy_fill_steps,
+    random_copies,
+    setitem_fill_steps,
+    with_fill_steps,
 )
-from bench._traces import Trace
-from bucketpool import BucketPool
+from bench._stats import Measurement, exact, median_of, ops_for, ratio_of, time_ns
+from bench._targets import STEP
+from bench._traces import Trace, builtin_traces, select_traces
+from bucketpool import BucketPool, DebugLevel
 
 __all__ = [
     "HOT_N",
     "Case",
     "DebugCase",
+    "FillStepCase",
+    "Series",
+    "SeriesCase",
     "TraceCase",
-    "median_of",
-    "ops_for",
-    "ratio_of",
+    "timed",
 ]
 
 #: The hot loop's n: one image of a 7B vision model, in encoder-cache blocks.
@@ -59,7 +58,7 @@ class Case(Protocol):
 
     @property
     def description(self) -> str:
-        """One line for the report's legend."""
+        """One line for the report."""
 
     @property
     def samples(self) -> Mapping[str, Sequence[float]]:
@@ -78,97 +77,104 @@ class Case(Protocol):
         """Give back what the case holds (its figures stay readable)."""
 
 
-def ratio_of(
-    samples: Mapping[str, Sequence[float]], num: str, den: str, unit: Unit = "x"
-) -> Measurement:
-    """Return the per-round paired ratio *num* / *den*; *den*'s spread is the load signal."""
-    ratios = paired_ratios(samples[num], samples[den])
-    return summarize(ratios, unit, spread=relative_spread(samples[den]))
+#: A series: a call that runs one pass and returns its ns, and the steps in a pass.
+Series = tuple[Callable[[], int], int]
 
 
-def median_of(samples: Sequence[float], unit: Unit) -> Measurement:
-    """Return the median of one series, its own spread as the load signal."""
-    return summarize(samples, unit, spread=relative_spread(samples))
+def timed(per: int, run: Callable[..., object], *args: object) -> Series:
+    """The series of ``run(*args)``, timed with `time_ns`, of *per* steps a pass."""
+    return functools.partial(time_ns, functools.partial(run, *args)), per
 
 
-def ops_for(run: Callable[[int], None], min_ns: int, max_ops: int) -> int:
-    """How many ops make a timed pass of *run* last at least *min_ns* (at most *max_ops*)."""
-    ops = 1
-    while True:
-        elapsed = time_ns(functools.partial(run, ops))
-        if elapsed >= min_ns or ops >= max_ops:
-            return ops
-        ops = min(max_ops, max(ops * 2, math.ceil(ops * min_ns * 1.2 / max(elapsed, 1))))
+class SeriesCase:
+    """A case of named series (`make`), timed back to back in each round.
 
-
-# -- traces ---------------------------------------------------------------------------------
-
-
-def _pass_of(impl: Implementation, trace: Trace) -> Callable[[], None]:
-    if trace.cycle is not None:
-        return functools.partial(impl.cycle, trace.cycle)
-    return functools.partial(impl.replay, trace.events)
-
-
-@typing.final
-class TraceCase:
-    """The three pools on one trace: ns per op, allocations, bytes held, compat's refusals.
-
-    Before any timing, the compat drop-in is driven once through the trace as the original's
-    callers drive it, counting the calls it refuses; if it refuses any, it is left out of the
-    timed rounds (a refusal would end the run), and the promise on its refusals FAILs.
+    Its figures: each of `ratios` (figure, numerator, denominator) whose series exist, and
+    each series' ns per `per` (``step`` unless a case says otherwise).
     """
 
-    def __init__(self, trace: Trace) -> None:
-        self.trace = trace
-        self.name = trace.name
-        self.description = trace.description
-        self.samples: dict[str, list[float]] = {name: [] for name in IMPLEMENTATIONS}
-        #: Implementation to bytes held after each op (recorded traces only).
-        self.series: dict[str, tuple[int, ...]] = {}
-        #: Calls of the trace that compat refused (or answered with a short triple).
-        self.refusals = 0
-        self._impls: tuple[Implementation, ...] = ()
-        self._passes: list[Callable[[], None]] = []
-        self._warm: list[int] = []
+    per = "step"
+
+    def __init__(self, name: str, description: str, ratios: Sequence[tuple[str, str, str]]) -> None:
+        self.name = name
+        self.description = description
+        self.ratios = tuple(ratios)
+        self.samples: dict[str, list[float]] = {}
+        self._series: dict[str, Series] = {}
+
+    def make(self) -> dict[str, Series]:
+        """Make the pools; return the series, the baselines first."""
+        raise NotImplementedError
 
     def setup(self) -> None:
-        """Count compat's refusals, record bytes held if asked (fresh pools), warm up."""
-        self.refusals = compat_refusals(self.trace.events)
-        names = [name for name in IMPLEMENTATIONS if name != "compat" or not self.refusals]
-        self.samples = {name: [] for name in names}
-        if self.trace.record_bytes:
-            self.series = {i.name: i.record(self.trace.events) for i in make_implementations(names)}
-        self._impls = make_implementations(names)
-        self._passes = [_pass_of(impl, self.trace) for impl in self._impls]
-        for run in self._passes:
+        """Make the series and run each once, untimed."""
+        self._series = self.make()
+        self.samples = {name: [] for name in self._series}
+        for run, _ in self._series.values():
             run()
-        self._warm = [impl.memory().allocations for impl in self._impls]
         gc.collect()
 
     def round(self) -> None:
-        """One timed pass of the trace per pool: original, bucketpool, compat."""
-        for impl, run in zip(self._impls, self._passes, strict=True):
-            self.samples[impl.name].append(time_ns(run) / self.trace.ops)
+        """One timed pass per series."""
+        for name, (run, per) in self._series.items():
+            self.samples[name].append(run() / per)
 
     def close(self) -> None:
-        """Nothing: the pools stay, since `measurements` reads their counters."""
+        """Drop the series (and the pools they hold)."""
+        self._series = {}
 
     def measurements(self) -> dict[str, Measurement]:
-        """Ratios to the original, ns per op, allocations after warm-up and bytes held."""
-        figures = {"bucketpool/original": ratio_of(self.samples, "bucketpool", "original")}
-        if "compat" in self.samples:
-            figures["compat/original"] = ratio_of(self.samples, "compat", "original")
+        """The ratios, then each series' ns per step."""
+        samples = self.samples
+        figures = {
+            figure: ratio_of(samples, num, den)
+            for figure, num, den in self.ratios
+            if num in samples and den in samples
+        }
+        figures.update({f"{name} ns/{self.per}": median_of(s) for name, s in samples.items()})
+        return figures
+
+
+@typing.final
+class TraceCase(SeriesCase):
+    """The three pools through one trace: ns per step, allocations, bytes, compat's refusals.
+
+    Compat is first driven once through the trace as the original's callers drive it,
+    counting the calls it refuses; if it refuses any, it is left out of the timed rounds.
+    """
+
+    def __init__(self, trace: Trace) -> None:
+        ratios = [(STEP, "bucketpool", "original"), ("compat/original", "compat", "original")]
+        super().__init__(trace.name, trace.description, ratios)
+        self.trace = trace
+        self.refusals = 0
+        self._drivers: tuple[Driver, ...] = ()
+        self._warm: dict[str, int] = {}
+
+    def make(self) -> dict[str, Series]:
+        """Count compat's refusals, make the pools."""
+        self.refusals = compat_refusals(self.trace.events)
+        names = [name for name in IMPLEMENTATIONS if name != "compat" or not self.refusals]
+        self._drivers = drivers(self.trace, names)
+        return {driver.name: timed(self.trace.ops, driver.run) for driver in self._drivers}
+
+    def setup(self) -> None:
+        """Make the pools, warm each up with one pass, note their allocations."""
+        super().setup()
+        self._warm = {driver.name: driver.memory().allocations for driver in self._drivers}
+
+    def measurements(self) -> dict[str, Measurement]:
+        """Ratios to the original, ns per step, allocations after warm-up, bytes held."""
+        figures = super().measurements()
         figures["compat refusals"] = exact(self.refusals, "count")
+        for driver in self._drivers:
+            memory, name = driver.memory(), driver.name
+            after = memory.allocations - self._warm[name]
+            figures[f"{name} allocations after warm-up"] = exact(after, "count")
+            figures[f"{name} final bytes"] = exact(memory.bytes_held, "bytes")
+            figures[f"{name} peak bytes"] = exact(memory.peak_bytes, "bytes")
+        ours = self._drivers[IMPLEMENTATIONS.index("bucketpool")].memory()
         cap = BucketPool().settings.max_cached_bytes
-        for impl, warm in zip(self._impls, self._warm, strict=True):
-            memory = impl.memory()
-            figures[f"{impl.name} ns/op"] = median_of(self.samples[impl.name], "ns")
-            after = memory.allocations - warm
-            figures[f"{impl.name} allocations after warm-up"] = exact(after, "count")
-            figures[f"{impl.name} final bytes"] = exact(memory.bytes_held, "bytes")
-            figures[f"{impl.name} peak bytes"] = exact(memory.peak_bytes, "bytes")
-        ours = self._impls[IMPLEMENTATIONS.index("bucketpool")].memory()
         bound = 2 * self.trace.peak_requested_bytes + cap
         figures["bucketpool peak bytes / (2 x peak live + cache cap)"] = exact(
             ours.peak_bytes / bound, "x"
@@ -177,57 +183,66 @@ class TraceCase:
         return figures
 
 
-# -- debug levels ---------------------------------------------------------------------------
-
-
 @typing.final
-class DebugCase:
-    """The ``with`` loop at n = `HOT_N` on pools of debug levels off, checks and strict."""
+class FillStepCase(SeriesCase):
+    """The README's whole step, fill included, against the original filling as its callers do.
 
-    LEVELS: typing.ClassVar[tuple[typing.Literal["off", "checks", "strict"], ...]] = (
-        "off",
-        "checks",
-        "strict",
-    )
+    bucketpool: ``with pool.acquire(n) as bufs: bufs.shrink(bufs.add_copies(0, src, dst,
+    sizes))`` from numpy arrays; the original: acquire, ``t[i] = v`` per entry (setitem) or
+    ``[:end]`` slices written through their ``.numpy()`` aliases (numpy), release.
+    """
 
-    def __init__(self, min_pass_ns: int, max_ops: int) -> None:
-        self.name = "debug"
-        self.description = (
-            f"with pool.acquire({HOT_N:,}) on BucketPool(debug=...) checks and strict, "
-            "as ratios to debug='off'"
+    def __init__(self, ops: int, seed: int = 0) -> None:
+        (trace,) = select_traces(builtin_traces(ops, seed), ["normal-64"])  # its first steps
+        ways = ("setitem", "numpy")
+        super().__init__(
+            "fill-step",
+            f"{trace.name}'s first {trace.ops:,} steps with their copies: the with step and "
+            "add_copies from arrays vs the original's setitem writes, and its numpy() aliases",
+            [(f"{STEP} ({way})", "bucketpool", f"original {way}") for way in ways],
         )
-        self.samples: dict[str, list[float]] = {level: [] for level in self.LEVELS}
-        self._min_pass_ns = min_pass_ns
-        self._max_ops = max_ops
-        self._runs: dict[str, tuple[Callable[[int], None], int]] = {}
+        self.trace = trace
+        self._seed = seed
 
-    def setup(self) -> None:
-        """Make one pool per level and size each level's pass to last long enough."""
-        for level in self.LEVELS:
-            pool = BucketPool(debug=level)
-            run = functools.partial(_quiet_ops, pool)
-            self._runs[level] = (run, ops_for(run, self._min_pass_ns, self._max_ops))
-
-    def round(self) -> None:
-        """One timed pass per level: off, checks, strict."""
-        for level, (run, ops) in self._runs.items():
-            self.samples[level].append(time_ns(functools.partial(run, ops)) / ops)
-
-    def close(self) -> None:
-        """Drop the pools."""
-        self._runs = {}
-
-    def measurements(self) -> dict[str, Measurement]:
-        """Each level's ns per op over debug='off''s, and off's own ns per op."""
+    def make(self) -> dict[str, Series]:
+        """Draw each step's copies, make the pools."""
+        steps, ops = self.trace.steps, self.trace.ops
+        assert steps is not None, "normal-64 releases each step at once"
+        rng = np.random.default_rng(self._seed)
+        copies = [random_copies(rng, end) for end in self.trace.ends]
+        lists = [(s.tolist(), d.tolist(), z.tolist()) for s, d, z in copies]
+        original = OriginalDescriptorBufferPool()
         return {
-            "checks/off": ratio_of(self.samples, "checks", "off"),
-            "strict/off": ratio_of(self.samples, "strict", "off"),
-            "off ns/op": median_of(self.samples["off"], "ns"),
+            "original setitem": timed(ops, setitem_fill_steps, original, steps, lists),
+            "original numpy": timed(ops, numpy_fill_steps, original, steps, copies),
+            "bucketpool": timed(ops, with_fill_steps, BucketPool(), steps, copies),
         }
 
 
+@typing.final
+class DebugCase(SeriesCase):
+    """The bare ``with pool.acquire(HOT_N)`` step on pools of debug levels off, checks, strict."""
+
+    def __init__(self, min_pass_ns: int, max_ops: int) -> None:
+        super().__init__(
+            "debug",
+            f"with pool.acquire({HOT_N:,}): pass, on BucketPool(debug=...)",
+            [(f"{level}/off", level, "off") for level in ("checks", "strict")],
+        )
+        self._min_pass_ns = min_pass_ns
+        self._max_ops = max_ops
+
+    def make(self) -> dict[str, Series]:
+        """One pool per level, each pass sized to last long enough."""
+        series = {}
+        for level in typing.get_args(DebugLevel):
+            run = functools.partial(_quiet_ops, BucketPool(debug=level))
+            ops = ops_for(run, self._min_pass_ns, self._max_ops)
+            series[level] = timed(ops, run, ops)
+        return series
+
+
 def _quiet_ops(pool: BucketPool, ops: int) -> None:
-    # The debug levels may warn about this loop's views; the benchmark times, not reports.
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # the debug levels may warn; the benchmark times
         warnings.simplefilter("ignore")
-        handle_ops(pool, HOT_N, ops, None)
+        handle_ops(pool, HOT_N, ops)

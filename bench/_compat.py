@@ -2,16 +2,15 @@
 
 The original accepts anything; the drop-in refuses misuse (a double or foreign release) and
 nothing else.  `compat_refusals` drives a fresh drop-in through a trace as the original's
-callers do; `CompatCase` makes the calls beyond a trace's that those callers make (n = 0,
-a numpy n, a large n, releases in any order or from another thread, the six-field pool's
-``add_copies``).  A call that raises, or a triple shorter than asked, is a refusal.
+callers do; `CompatCase` makes the calls beyond a trace's that they make.  A call that
+raises, or a triple shorter than asked, is a refusal.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
-import threading
 import typing
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -19,24 +18,19 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from bench._stats import Measurement, exact
-from bucketpool.compat import (
-    AliasedDescriptorBufferPool,
-    DescriptorBufferPool,
-    DescriptorBuffers,
-)
+from bucketpool.compat import AliasedDescriptorBufferPool, DescriptorBufferPool, DescriptorBuffers
 
 __all__ = ["CompatCase", "compat_refusals"]
 
 
-class _ShortTriple(Exception):
+class _ShortTripleError(Exception):
     """The drop-in handed out fewer entries than asked."""
 
 
 def _take(pool: DescriptorBufferPool, n: int) -> DescriptorBuffers:
     bufs = pool.acquire(n)
-    src, dst, sizes = bufs.src_ptrs[:n], bufs.dst_ptrs[:n], bufs.sizes[:n]
-    if min(src.numel(), dst.numel(), sizes.numel()) < n:
-        raise _ShortTriple(f"acquire({n}) gave {src.numel()} entries")
+    if min(bufs.src_ptrs[:n].numel(), bufs.dst_ptrs[:n].numel(), bufs.sizes[:n].numel()) < n:
+        raise _ShortTripleError(f"acquire({n}) gave {bufs.src_ptrs.numel()} entries")
     return bufs
 
 
@@ -50,71 +44,44 @@ def _quiet() -> Iterator[None]:
 
 
 def compat_refusals(events: Sequence[int]) -> int:
-    """Return how many of *events* a fresh compat drop-in refuses (see the module docstring).
-
-    Args:
-        events: a trace's events (``n >= 0`` acquires, ``~i`` releases the ``i``-th).
-    """
-    refused = 0
+    """Return how many of a trace's *events* a fresh compat drop-in refuses."""
+    refused = acquired = 0
     with _quiet():
         pool = DescriptorBufferPool()
         live: dict[int, DescriptorBuffers] = {}
-        acquired = 0
         for event in events:
             try:
                 if event >= 0:
-                    live[acquired] = _take(pool, event)
-                else:
-                    bufs = live.pop(~event, None)
-                    if bufs is not None:
-                        pool.release(bufs)
+                    acquired += 1
+                    live[acquired - 1] = _take(pool, event)
+                elif (bufs := live.pop(~event, None)) is not None:
+                    pool.release(bufs)
             except Exception:
                 refused += 1
-            if event >= 0:
-                acquired += 1
         live.clear()
     return refused
-
-
-def _zero(pool: DescriptorBufferPool) -> None:
-    pool.release(_take(pool, 0))
 
 
 def _numpy_n(pool: DescriptorBufferPool) -> None:
     bufs = pool.acquire(np.int64(1_196))
     if bufs.src_ptrs.numel() < 1_196:
-        raise _ShortTriple("numpy n")
+        raise _ShortTripleError("numpy n")
     pool.release(bufs)
-
-
-def _large(pool: DescriptorBufferPool) -> None:
-    pool.release(_take(pool, 1 << 20))
 
 
 def _any_order(pool: DescriptorBufferPool) -> None:
     held = [_take(pool, n) for n in (64, 64, 4_096, 16)]
-    for bufs in (held[0], held[2], held[1], held[3]):
-        pool.release(bufs)
+    for i in (0, 2, 1, 3):
+        pool.release(held[i])
 
 
 def _other_thread(pool: DescriptorBufferPool) -> None:
     bufs = _take(pool, 256)
-    errors: list[BaseException] = []
-
-    def release() -> None:
-        try:
-            pool.release(bufs)
-        except BaseException as error:  # re-raised in the calling thread
-            errors.append(error)
-
-    worker = threading.Thread(target=release)
-    worker.start()
-    worker.join()
-    if errors:
-        raise errors[0]
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:
+        worker.submit(pool.release, bufs).result()  # raises what the release raised
 
 
-def _aliased(pool: DescriptorBufferPool) -> None:
+def _aliased(_: DescriptorBufferPool) -> None:
     aliased = AliasedDescriptorBufferPool()
     bufs = aliased.acquire(8)
     values = np.arange(8, dtype=np.int64) * 64
@@ -123,9 +90,9 @@ def _aliased(pool: DescriptorBufferPool) -> None:
 
 
 _CALLS: dict[str, Callable[[DescriptorBufferPool], None]] = {
-    "acquire(0)": _zero,
+    "acquire(0)": lambda pool: pool.release(_take(pool, 0)),
     "acquire(numpy.int64(1196))": _numpy_n,
-    "acquire(1 << 20)": _large,
+    "acquire(1 << 20)": lambda pool: pool.release(_take(pool, 1 << 20)),
     "releases out of acquire order": _any_order,
     "release on another thread": _other_thread,
     "six-field pool: add_copies, release": _aliased,
@@ -134,12 +101,11 @@ _CALLS: dict[str, Callable[[DescriptorBufferPool], None]] = {
 
 @typing.final
 class CompatCase:
-    """Calls of the original's callers beyond a trace's, made once on the drop-in."""
+    """Calls of the original's callers beyond a trace's, made once on fresh drop-ins."""
 
     def __init__(self) -> None:
         self.name = "compat"
-        self.calls = tuple(_CALLS)
-        self.description = "compat drop-in, calls the original accepts: " + "; ".join(self.calls)
+        self.description = "compat drop-in, calls the original accepts: " + "; ".join(_CALLS)
         self.samples: dict[str, list[float]] = {}
         #: The calls refused, with what was raised.
         self.refused: dict[str, str] = {}
@@ -154,11 +120,11 @@ class CompatCase:
                     self.refused[name] = f"{type(error).__name__}: {error}"
         if self.refused:
             self.description += "; REFUSED: " + "; ".join(
-                f"{name} ({why})" for name, why in self.refused.items()
+                f"{k} ({v})" for k, v in self.refused.items()
             )
 
     def round(self) -> None:
-        """Nothing: the figure is exact, measured once in `setup`."""
+        """Nothing: the figure is exact."""
 
     def close(self) -> None:
         """Nothing: the pools went at the end of `setup`."""

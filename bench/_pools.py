@@ -1,85 +1,81 @@
-"""The pools under test, each driven the way its callers drive it.
+"""The pools under test, each driven through a trace's steps as its callers drive it.
 
-* ``original``: `bench._original.OriginalDescriptorBufferPool`, called as vLLM's
-  worker calls it: ``bufs = pool.acquire(n)``, three ``[:n]`` slices, ``pool.release(bufs)``;
-* ``bucketpool``: `~bucketpool.BucketPool`, called as ``with pool.acquire(n) as bufs:``
-  (the views already have ``n`` entries, so nothing is sliced);
-* ``compat``: `bucketpool.compat.DescriptorBufferPool`, called exactly as ``original``.
+* ``original`` (`bench._original`) and ``compat`` (`bucketpool.compat.DescriptorBufferPool`):
+  ``bufs = pool.acquire(n)``, three ``[:end]`` slices, ``pool.release(bufs)``;
+* ``bucketpool``: the README's step without its fill, ``with pool.acquire(n) as bufs:
+  views = bufs.shrink(end)``; with handles in flight, ``handle = pool.acquire(n); views =
+  handle.shrink(end)`` and ``handle.release()`` later.
 
-Only the public API of bucketpool is used: memory figures come from ``pool.stats()``.
-Each loop binds its methods to locals first, as a careful caller would, so the loops time
-the pools and not attribute lookups.
+Only the returned views are used, so the loops hold whether ``shrink`` narrows the bound
+views in place or returns new ones.  Methods are bound to locals first, as a careful caller
+does, and memory figures come from ``pool.stats()``.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
-import time
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
 
-from bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
-from bucketpool import BucketPool, BufferHandle, CompletionEvent
+from bench._original import OriginalDescriptorBufferPool
+from bench._traces import Trace
+from bucketpool import BucketPool, BufferHandle
 from bucketpool.compat import DescriptorBufferPool
 
 __all__ = [
     "IMPLEMENTATIONS",
-    "Implementation",
-    "LockedOriginal",
+    "Copies",
+    "Driver",
     "Memory",
-    "NeverDone",
+    "drivers",
     "handle_ops",
-    "make_implementations",
     "memory_of",
-    "park",
-    "sliced_ops",
+    "numpy_fill_steps",
+    "random_copies",
+    "setitem_fill_steps",
+    "with_fill_steps",
 ]
 
-#: The implementations compared, in the order they run in each round.
+#: The pools compared on the traces, in the order they run in each round.
 IMPLEMENTATIONS = ("original", "bucketpool", "compat")
-
-_T = TypeVar("_T")
+#: One step's copies: sources, destinations and byte counts, each of the step's end.
+Copies = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 _Triple = TypeVar("_Triple", bound="_Fields")
 
 
 @typing.final
 @attrs.frozen
 class Memory:
-    """An implementation's memory counters at one moment.
-
-    Attributes:
-        allocations: buffer triples allocated so far.
-        bytes_held: bytes of the triples the pool and its callers hold now.
-        peak_bytes: the highest ``bytes_held`` so far.
-    """
+    """A pool's counters: triples allocated, bytes held (cached and handed out), the peak."""
 
     allocations: int
     bytes_held: int
     peak_bytes: int
 
 
+def memory_of(pool: BucketPool | OriginalDescriptorBufferPool) -> Memory:
+    """Return *pool*'s counters (a `BucketPool`'s from its public stats)."""
+    if isinstance(pool, OriginalDescriptorBufferPool):
+        return Memory(pool.allocations, pool.bytes_held, pool.peak_bytes_held)
+    stats = pool.stats()
+    return Memory(
+        stats.allocations.allocated, stats.allocated_bytes.current, stats.allocated_bytes.peak
+    )
+
+
 @typing.final
 @attrs.frozen
-class Implementation:
-    """One pool, driven the way its callers drive it.
-
-    Attributes:
-        name: one of `IMPLEMENTATIONS`.
-        cycle: the timed loop for traces whose handles are released at once.
-        replay: the timed loop for any trace's events.
-        record: an untimed pass over events that returns bytes held after each release.
-        memory: the pool's counters now.
-    """
+class Driver:
+    """One pool on one trace: a timed pass over its steps, and the pool's counters."""
 
     name: str
-    cycle: Callable[[Sequence[int]], None]
-    replay: Callable[[Sequence[int]], None]
-    record: Callable[[Sequence[int]], tuple[int, ...]]
+    run: Callable[[], None]
     memory: Callable[[], Memory]
 
 
@@ -93,244 +89,127 @@ class _Fields(Protocol):
 
 
 class _SlicingPool(Protocol[_Triple]):
-    """The original pool's API, which the compat adapter also has."""
-
     def acquire(self, n: int, /) -> _Triple: ...
     def release(self, bufs: _Triple, /) -> None: ...
 
 
-def _sliced_cycle(pool: _SlicingPool[_Triple], sizes: Sequence[int]) -> None:
-    """The original's callers: acquire, cut three ``[:n]`` slices, release."""
-    acquire = pool.acquire
-    release = pool.release
-    for n in sizes:
+def _sliced_steps(pool: _SlicingPool[_Triple], steps: Sequence[tuple[int, int]]) -> None:
+    acquire, release = pool.acquire, pool.release
+    for n, end in steps:
         bufs = acquire(n)
-        _src, _dst, _sizes = bufs.src_ptrs[:n], bufs.dst_ptrs[:n], bufs.sizes[:n]
+        _views = bufs.src_ptrs[:end], bufs.dst_ptrs[:end], bufs.sizes[:end]
         release(bufs)
 
 
-def _sliced_replay(pool: _SlicingPool[_Triple], events: Sequence[int]) -> None:
-    acquire = pool.acquire
-    release = pool.release
+def _sliced_events(pool: _SlicingPool[_Triple], events: Sequence[int], ends: Sequence[int]) -> None:
+    acquire, release = pool.acquire, pool.release
     live: dict[int, _Triple] = {}
     acquired = 0
     for event in events:
         if event >= 0:
-            bufs = acquire(event)
-            _src, _dst, _sizes = bufs.src_ptrs[:event], bufs.dst_ptrs[:event], bufs.sizes[:event]
-            live[acquired] = bufs
+            end = ends[acquired]
+            bufs = live[acquired] = acquire(event)
+            _views = bufs.src_ptrs[:end], bufs.dst_ptrs[:end], bufs.sizes[:end]
             acquired += 1
         else:
             release(live.pop(~event))
 
 
-def _sliced_acquire(pool: _SlicingPool[_Triple], n: int) -> _Triple:
-    bufs = pool.acquire(n)
-    _src, _dst, _sizes = bufs.src_ptrs[:n], bufs.dst_ptrs[:n], bufs.sizes[:n]
-    return bufs
-
-
-def _handle_cycle(pool: BucketPool, sizes: Sequence[int]) -> None:
-    """The callers of a `BucketPool`: the views have exactly ``n`` entries, so nothing is sliced."""
+def _with_steps(pool: BucketPool, steps: Sequence[tuple[int, int]]) -> None:
     acquire = pool.acquire
-    for n in sizes:
+    for n, end in steps:
         with acquire(n) as bufs:
-            _src, _dst, _sizes = bufs
+            _views = bufs.shrink(end)
 
 
-def _handle_replay(pool: BucketPool, events: Sequence[int]) -> None:
+def _handle_events(pool: BucketPool, events: Sequence[int], ends: Sequence[int]) -> None:
     acquire = pool.acquire
     live: dict[int, BufferHandle] = {}
     acquired = 0
     for event in events:
         if event >= 0:
-            handle = acquire(event)
-            _src, _dst, _sizes = handle.buffers
-            live[acquired] = handle
+            handle = live[acquired] = acquire(event)
+            _views = handle.shrink(ends[acquired])
             acquired += 1
         else:
             live.pop(~event).release()
 
 
-def _handle_acquire(pool: BucketPool, n: int) -> BufferHandle:
-    handle = pool.acquire(n)
-    _src, _dst, _sizes = handle.buffers
-    return handle
+def _sliced_run(pool: _SlicingPool[_Triple], trace: Trace) -> Callable[[], None]:
+    if trace.steps is None:
+        return functools.partial(_sliced_events, pool, trace.events, trace.ends)
+    return functools.partial(_sliced_steps, pool, trace.steps)
 
 
-def _record(
-    acquire: Callable[[int], _T],
-    release: Callable[[_T], None],
-    memory: Callable[[], Memory],
-    events: Sequence[int],
-) -> tuple[int, ...]:
-    live: dict[int, _T] = {}
-    held: list[int] = []
-    acquired = 0
-    for event in events:
-        if event >= 0:
-            live[acquired] = acquire(event)
-            acquired += 1
-        else:
-            release(live.pop(~event))
-            held.append(memory().bytes_held)
-    return tuple(held)
+def drivers(trace: Trace, names: Sequence[str] = IMPLEMENTATIONS) -> tuple[Driver, ...]:
+    """Return a `Driver` of each of *names* on *trace*, each with a fresh pool of defaults."""
+    original, pool, compat = OriginalDescriptorBufferPool(), BucketPool(), DescriptorBufferPool()
+    if trace.steps is None:
+        ours = functools.partial(_handle_events, pool, trace.events, trace.ends)
+    else:
+        ours = functools.partial(_with_steps, pool, trace.steps)
+    made = (
+        Driver("original", _sliced_run(original, trace), functools.partial(memory_of, original)),
+        Driver("bucketpool", ours, functools.partial(memory_of, pool)),
+        Driver("compat", _sliced_run(compat, trace), functools.partial(memory_of, compat.pool)),
+    )
+    return tuple(driver for driver in made if driver.name in names)
 
 
-def _original_memory(pool: OriginalDescriptorBufferPool) -> Memory:
-    return Memory(pool.allocations, pool.bytes_held, pool.peak_bytes_held)
-
-
-def _pool_memory(pool: BucketPool) -> Memory:
-    stats = pool.stats()
-    allocated = stats.allocated_bytes
-    return Memory(stats.allocations.allocated, allocated.current, allocated.peak)
-
-
-def _sliced(
-    name: str,
-    pool: _SlicingPool[_Triple],
-    memory: Callable[[], Memory],
-) -> Implementation:
-    """Drive a pool with the original's API as the original's callers do."""
-
-    def record(events: Sequence[int]) -> tuple[int, ...]:
-        return _record(functools.partial(_sliced_acquire, pool), pool.release, memory, events)
-
-    return Implementation(
-        name=name,
-        cycle=functools.partial(_sliced_cycle, pool),
-        replay=functools.partial(_sliced_replay, pool),
-        record=record,
-        memory=memory,
+def random_copies(rng: np.random.Generator, count: int) -> Copies:
+    """Return *count* random copies: 8-byte aligned addresses, byte counts up to 64 KiB."""
+    return (
+        rng.integers(1 << 12, 1 << 44, count, dtype=np.int64) * 8,
+        rng.integers(1 << 12, 1 << 44, count, dtype=np.int64) * 8,
+        rng.integers(1, 1 << 13, count, dtype=np.int64) * 8,
     )
 
 
-def _original() -> Implementation:
-    pool = OriginalDescriptorBufferPool()
-    return _sliced("original", pool, functools.partial(_original_memory, pool))
-
-
-def _compat() -> Implementation:
-    pool = DescriptorBufferPool()
-    memory = functools.partial(_pool_memory, pool.pool)
-    return _sliced("compat", pool, memory)
-
-
-def _bucketpool() -> Implementation:
-    pool = BucketPool()
-    memory = functools.partial(_pool_memory, pool)
-
-    def record(events: Sequence[int]) -> tuple[int, ...]:
-        acquire = functools.partial(_handle_acquire, pool)
-        return _record(acquire, BufferHandle.release, memory, events)
-
-    return Implementation(
-        name="bucketpool",
-        cycle=functools.partial(_handle_cycle, pool),
-        replay=functools.partial(_handle_replay, pool),
-        record=record,
-        memory=memory,
-    )
-
-
-_FACTORIES: Mapping[str, Callable[[], Implementation]] = {
-    "original": _original,
-    "bucketpool": _bucketpool,
-    "compat": _compat,
-}
-
-
-def make_implementations(names: Sequence[str] = IMPLEMENTATIONS) -> tuple[Implementation, ...]:
-    """Return an `Implementation` of each of *names*, each with a fresh pool of defaults.
-
-    They come in `IMPLEMENTATIONS` order, the order they run in each round.
-    """
-    return tuple(factory() for name, factory in _FACTORIES.items() if name in names)
-
-
-@typing.final
-class NeverDone:
-    """An event whose copy never finishes: what it guards stays parked."""
-
-    def query(self) -> bool:
-        """Return `False`: the copy is still running."""
-        return False
-
-
-def park(
-    pool: BucketPool, n: int, count: int, event: Callable[[], CompletionEvent] = NeverDone
+def with_fill_steps(
+    pool: BucketPool, steps: Sequence[tuple[int, int]], copies: Sequence[Copies]
 ) -> None:
-    """Acquire *count* handles of *n* entries, record a new *event()* on each, release.
-
-    With `NeverDone` events, the handles stay parked (pending) for the life of *pool*.
-    """
-    handles = [pool.acquire(n) for _ in range(count)]
-    for handle in handles:
-        handle.record_event(event())
-        handle.release()
+    """The README's whole step: ``end = bufs.add_copies(0, ...)``, ``bufs.shrink(end)``."""
+    acquire = pool.acquire
+    for (n, _), (sources, destinations, sizes) in zip(steps, copies, strict=True):
+        with acquire(n) as bufs:
+            _views = bufs.shrink(bufs.add_copies(0, sources, destinations, sizes))
 
 
-def memory_of(pool: BucketPool) -> Memory:
-    """Return *pool*'s allocations and bytes held, from its public stats."""
-    return _pool_memory(pool)
-
-
-@typing.final
-class LockedOriginal:
-    """The original pool behind one lock: what sharing it between threads takes.
-
-    The original is not thread-safe (``if self._pool: self._pool.pop()`` can pop an empty
-    list when another thread runs in between), so threaded callers must serialize it.
-    """
-
-    def __init__(self) -> None:
-        self._pool = OriginalDescriptorBufferPool()
-        self._lock = threading.Lock()
-
-    def acquire(self, n: int) -> OriginalDescriptorBuffers:
-        """Acquire under the lock (see the original's `acquire`)."""
-        with self._lock:
-            return self._pool.acquire(n)
-
-    def release(self, bufs: OriginalDescriptorBuffers) -> None:
-        """Release under the lock."""
-        with self._lock:
-            self._pool.release(bufs)
-
-
-def sliced_ops(
-    pool: LockedOriginal, n: int, ops: int, latencies: list[int] | None, *, bare: bool = False
+def setitem_fill_steps(
+    pool: OriginalDescriptorBufferPool,
+    steps: Sequence[tuple[int, int]],
+    copies: Sequence[tuple[list[int], list[int], list[int]]],
 ) -> None:
-    """Run *ops* ops of the original's callers on *pool*, appending each op's ns if asked.
-
-    With *bare*, the op is acquire and release only (no slices).
-    """
-    acquire, release, clock = pool.acquire, pool.release, time.perf_counter_ns
-    for _ in range(ops):
-        start = clock()
+    """The original's callers without numpy: ``t[i] = v`` per entry, then ``[:end]`` slices."""
+    acquire, release = pool.acquire, pool.release
+    for (n, end), (sources, destinations, sizes) in zip(steps, copies, strict=True):
         bufs = acquire(n)
-        if not bare:
-            _src, _dst, _sizes = bufs.src_ptrs[:n], bufs.dst_ptrs[:n], bufs.sizes[:n]
+        src, dst, size = bufs
+        for i in range(end):
+            src[i] = sources[i]
+            dst[i] = destinations[i]
+            size[i] = sizes[i]
+        _views = src[:end], dst[:end], size[:end]
         release(bufs)
-        if latencies is not None:
-            latencies.append(clock() - start)
 
 
-def handle_ops(
-    pool: BucketPool, n: int, ops: int, latencies: list[int] | None, *, bare: bool = False
+def numpy_fill_steps(
+    pool: OriginalDescriptorBufferPool, steps: Sequence[tuple[int, int]], copies: Sequence[Copies]
 ) -> None:
-    """Run *ops* ops of a `BucketPool`'s callers on *pool*, appending each op's ns if asked.
+    """The original's callers with numpy: ``[:end]`` slices, written through numpy aliases."""
+    acquire, release = pool.acquire, pool.release
+    for (n, end), (sources, destinations, sizes) in zip(steps, copies, strict=True):
+        bufs = acquire(n)
+        src, dst, size = bufs.src_ptrs[:end], bufs.dst_ptrs[:end], bufs.sizes[:end]
+        src.numpy()[:] = sources
+        dst.numpy()[:] = destinations
+        size.numpy()[:] = sizes
+        release(bufs)
 
-    The op is ``with pool.acquire(n) as bufs:``; with *bare*, ``acquire(n).release()``.
-    """
-    acquire, clock = pool.acquire, time.perf_counter_ns
+
+def handle_ops(pool: BucketPool, n: int, ops: int) -> None:
+    """Run *ops* bare steps ``with pool.acquire(n) as bufs: pass`` (the cases' hot loop)."""
+    acquire = pool.acquire
     for _ in range(ops):
-        start = clock()
-        if bare:
-            acquire(n).release()
-        else:
-            with acquire(n) as bufs:
-                _src, _dst, _sizes = bufs
-        if latencies is not None:
-            latencies.append(clock() - start)
+        with acquire(n) as _bufs:
+            pass

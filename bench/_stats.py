@@ -1,37 +1,27 @@
-"""Statistics of the benchmark: per-round paired ratios, their intervals, and verdicts.
+"""Timing and statistics: paired per-round ratios, their intervals, and verdicts.
 
-Every timed figure comes from rounds: in one round each series of a case (the original,
-bucketpool, compat, ...) runs one pass, back to back, so load that slows one round slows
-its series alike.  A ratio is computed per round (paired), and reported as the median of
-those ratios with a percentile-bootstrap 95% interval of the median.  Two things widen it:
-
-* a floor of ±`RESOLUTION` around the median: a systematic shift that pairing cannot cancel
-  (what else runs on the machine, CPU frequency, caches) moves a ratio's median between
-  runs: by up to ±7% over eighteen full runs in one session on the 2-core development
-  machine, some beside CPU-bound processes, so no ratio is claimed closer than that;
-* nothing else: an interval that is too wide to decide gives ``UNSURE``, and the runner then
-  measures more rounds within its time budget.
-
-A verdict compares the whole interval with the target: ``PASS`` when all of it is on the
-right side, ``FAIL`` when all of it is on the wrong side, ``UNSURE`` otherwise.
-
-Kept custom (and numpy only): pyperf and pytest-benchmark time one function per process or
-test, and neither pairs rounds of several pools in one process, which is what cancels load.
+In one round each series of a case runs once, back to back, so load that slows a round
+slows its series alike; a ratio is taken per round (paired) and reported as the median of
+those ratios with a bootstrap 95% interval of the median, never narrower than
+±`RESOLUTION` (the drift between runs that pairing cannot cancel).  A verdict compares the
+whole interval with the bound: ``PASS`` or ``FAIL`` when all of it is on one side,
+``UNSURE`` when it straddles the bound.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import math
 import time
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import attrs
 import numpy as np
 
 __all__ = [
-    "BOOTSTRAP_SAMPLES",
     "CONFIDENCE",
     "LOADED_SPREAD",
     "RESOLUTION",
@@ -41,8 +31,10 @@ __all__ = [
     "Verdict",
     "exact",
     "judge",
+    "median_of",
+    "ops_for",
     "paired_ratios",
-    "percentile",
+    "ratio_of",
     "relative_spread",
     "summarize",
     "time_ns",
@@ -51,12 +43,12 @@ __all__ = [
 #: Relative half-width below which no interval is claimed.
 RESOLUTION = 0.07
 CONFIDENCE = 0.95
-BOOTSTRAP_SAMPLES = 2_000
-#: A baseline whose per-round interquartile range exceeds this share of its median says
+_BOOTSTRAP = 2_000
+#: A baseline whose interquartile range over rounds exceeds this share of its median says
 #: the machine was too disturbed to judge.
 LOADED_SPREAD = 0.25
 
-Unit = Literal["x", "ns", "bytes", "count", "ops/s", "%"]
+Unit = Literal["x", "ns", "bytes", "count", "ops/s"]
 Op = Literal["<=", ">="]
 Verdict = Literal["PASS", "FAIL", "UNSURE", "LOADED"]
 
@@ -64,15 +56,15 @@ Verdict = Literal["PASS", "FAIL", "UNSURE", "LOADED"]
 @typing.final
 @attrs.frozen
 class Measurement:
-    """A measured figure with its interval.
+    """A figure with its interval.
 
     Attributes:
         value: the median over rounds (or the exact value).
         low: the interval's lower end.
         high: the interval's upper end.
-        unit: ``x`` (a ratio), ``ns``, ``bytes``, ``count``, ``ops/s`` or ``%``.
+        unit: what the value counts.
         timed: whether it depends on timing (and so on the machine's load).
-        rounds: rounds it was computed from (1 for exact values).
+        rounds: rounds it comes from (1 for exact values).
         spread: the baseline's relative interquartile range (0 for exact values).
     """
 
@@ -86,23 +78,14 @@ class Measurement:
 
 
 def exact(value: float, unit: Unit) -> Measurement:
-    """Return a measurement without uncertainty (a count, bytes): its interval is a point."""
+    """Return a figure without uncertainty (a count, bytes): its interval is a point."""
     return Measurement(value, value, value, unit, timed=False)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Return the *q*-th percentile (0-100) of *values*, linearly interpolated."""
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
 def relative_spread(values: Sequence[float]) -> float:
     """Return the interquartile range of *values* over their median (0 for one value)."""
-    if len(values) < 2:
-        return 0.0
-    median = percentile(values, 50)
-    if median == 0:
-        return 0.0
-    return (percentile(values, 75) - percentile(values, 25)) / abs(median)
+    low, median, high = np.percentile(values, [25, 50, 75]) if len(values) > 1 else (0, 0, 0)
+    return float((high - low) / abs(median)) if median else 0.0
 
 
 def paired_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
@@ -127,17 +110,10 @@ def summarize(
     seed: int = 0,
     resolution: float = RESOLUTION,
 ) -> Measurement:
-    """Return the median of per-round *values* with a bootstrap 95% interval of the median.
+    """Return the median of per-round *values* with a bootstrap interval of the median.
 
-    Args:
-        values: one value per round (a paired ratio, a latency, ...).
-        unit: the unit of the values.
-        spread: the baseline's relative spread, kept for the load check.
-        seed: seeds the bootstrap, so one set of values always gives one interval.
-        resolution: the interval is at least ±this share of the median.
-
-    Returns:
-        The measurement.
+    The interval is at least ±*resolution* of the median; *spread* (the baseline's) is kept
+    for the load check; *seed* makes one set of values give one interval.
 
     Raises:
         ValueError: *values* is empty.
@@ -146,47 +122,41 @@ def summarize(
         raise ValueError("no rounds to summarize")
     data = np.asarray(values, dtype=np.float64)
     median = float(np.median(data))
-    rng = np.random.default_rng(seed)
-    resamples = rng.choice(data, size=(BOOTSTRAP_SAMPLES, data.size), replace=True)
-    medians = np.median(resamples, axis=1)
+    resamples = np.random.default_rng(seed).choice(data, size=(_BOOTSTRAP, data.size))
     tail = (1 - CONFIDENCE) / 2 * 100
-    low, high = (float(x) for x in np.percentile(medians, [tail, 100 - tail]))
+    low, high = np.percentile(np.median(resamples, axis=1), [tail, 100 - tail])
     floor = abs(median) * resolution
     return Measurement(
-        value=median,
-        low=min(low, median - floor),
-        high=max(high, median + floor),
-        unit=unit,
-        timed=True,
+        median,
+        min(float(low), median - floor),
+        max(float(high), median + floor),
+        unit,
         rounds=data.size,
         spread=spread,
     )
 
 
+def ratio_of(samples: Mapping[str, Sequence[float]], num: str, den: str) -> Measurement:
+    """Return the paired ratio of series *num* over *den*; *den*'s spread is the load signal."""
+    ratios = paired_ratios(samples[num], samples[den])
+    return summarize(ratios, "x", spread=relative_spread(samples[den]))
+
+
+def median_of(samples: Sequence[float], unit: Unit = "ns") -> Measurement:
+    """Return the median of one series, its own spread as the load signal."""
+    return summarize(samples, unit, spread=relative_spread(samples))
+
+
 def judge(measurement: Measurement, op: Op, limit: float) -> Verdict:
-    """Compare the whole interval of *measurement* with a target.
-
-    Args:
-        measurement: the figure and its interval.
-        op: ``<=`` (the figure must be at most *limit*) or ``>=`` (at least).
-        limit: the target.
-
-    Returns:
-        ``PASS`` when the whole interval meets the target, ``FAIL`` when the whole interval
-        misses it, ``UNSURE`` when the interval straddles it.
-    """
+    """Return PASS, FAIL or UNSURE: where the whole interval lies against ``op limit``."""
     low, high = measurement.low, measurement.high
     if op == "<=":
-        if high <= limit:
-            return "PASS"
-        return "FAIL" if low > limit else "UNSURE"
-    if low >= limit:
-        return "PASS"
-    return "FAIL" if high < limit else "UNSURE"
+        return "PASS" if high <= limit else "FAIL" if low > limit else "UNSURE"
+    return "PASS" if low >= limit else "FAIL" if high < limit else "UNSURE"
 
 
 def time_ns(run: Callable[[], object]) -> int:
-    """Time one call of *run* with the garbage collector off, as it was after."""
+    """Time one call of *run* with the garbage collector off (as it was, after)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -196,3 +166,13 @@ def time_ns(run: Callable[[], object]) -> int:
     finally:
         if enabled:
             gc.enable()
+
+
+def ops_for(run: Callable[[int], object], min_ns: int, max_ops: int) -> int:
+    """How many ops make a timed call ``run(ops)`` last at least *min_ns* (at most *max_ops*)."""
+    ops = 1
+    while True:
+        elapsed = time_ns(functools.partial(run, ops))
+        if elapsed >= min_ns or ops >= max_ops:
+            return ops
+        ops = min(max_ops, max(ops * 2, math.ceil(ops * min_ns * 1.2 / max(elapsed, 1))))

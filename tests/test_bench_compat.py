@@ -42,7 +42,7 @@ def test_compat_case_makes_every_call() -> None:
     assert figures == {"refused calls": exact(0, "count")}
     assert case.refused == {}
     assert "acquire(0)" in case.description
-    assert len(case.calls) >= 6
+    assert "six-field pool" in case.description
 
 
 def test_compat_case_names_what_was_refused(monkeypatch: pytest.MonkeyPatch) -> None:

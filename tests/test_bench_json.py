@@ -1,4 +1,4 @@
-"""``--json``: schema 3, read back to the very checks of the run."""
+"""``--json``: every figure with its interval and the verdicts on it."""
 
 from __future__ import annotations
 
@@ -6,58 +6,36 @@ import json
 from pathlib import Path
 
 import _bench_case
-import pytest
 
 from bench import _json
-from bench._runner import BenchResult
 from bench._targets import exit_status
 
 
-@pytest.fixture(scope="module")
-def tiny_run() -> BenchResult:
-    return _bench_case.tiny_run()
-
-
-def test_json_structure(tiny_run: BenchResult, tmp_path: Path) -> None:
+def test_json_structure(tmp_path: Path) -> None:
+    run = _bench_case.tiny_run()
     path = tmp_path / "run.json"
-    _json.write_json(tiny_run, path)
+    _json.write_json(run, path)
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert data["schema"] == _json.SCHEMA == 3
-    assert list(data["cases"]) == [case.name for case in tiny_run.cases]
+    assert data["schema"] == _json.SCHEMA == 4
+    assert list(data["cases"]) == [case.name for case in run.cases]
     repeated = data["cases"]["repeated-64"]
     assert repeated["rounds"] == 2
     assert len(repeated["samples"]["original"]) == 2
     ratio = repeated["figures"]["bucketpool/original"]
     assert ratio["low"] <= ratio["value"] <= ratio["high"]
-    assert len(data["checks"]) == len(tiny_run.checks)
-    kinds = [check["kind"] for check in data["checks"]]
-    assert kinds == sorted(kinds, key=lambda kind: kind != "promise")  # promises first
-    assert {"promise", "goal"} == set(kinds)
-    assert {c["verdict"] for c in data["checks"]} <= {"PASS", "FAIL", "UNSURE", "LOADED"}
+    assert {t["kind"] for t in ratio["targets"]} == {"promise", "goal"}
+    assert repeated["figures"]["original ns/step"]["targets"] == []
+    verdicts = [
+        (target["kind"], target["verdict"])
+        for case in data["cases"].values()
+        for figure in case["figures"].values()
+        for target in figure["targets"]
+    ]
+    assert len(verdicts) == len(run.checks)
+    assert sorted(verdicts) == sorted((c.spec.kind, c.verdict) for c in run.checks)
     assert data["exit_status"] == {
-        "check": exit_status(tiny_run.checks),
-        "strict_check": exit_status(tiny_run.checks, strict=True),
+        "check": exit_status(run.checks),
+        "strict_check": exit_status(run.checks, strict=True),
     }
-    assert list(data["series"]) == ["spike"]
+    assert data["settings"]["ops"] == _bench_case.TOY.ops
     assert data["settings"]["resolution"] > 0
-    switch = data["cases"]["threads-8-switch"]["figures"]
-    assert switch["100us ops/s"]["unit"] == "ops/s"
-    assert data["cases"]["leak-site"]["figures"]["site cost / with-acquire op"]["unit"] == "%"
-
-
-def test_round_trip(tiny_run: BenchResult, tmp_path: Path) -> None:
-    path = tmp_path / "run.json"
-    _json.write_json(tiny_run, path)
-    checks = _json.checks_from_json(_json.read_json(path))
-    assert checks == tiny_run.checks
-    assert exit_status(checks) == exit_status(tiny_run.checks)
-
-
-def test_read_json_refuses_another_schema(tmp_path: Path) -> None:
-    path = tmp_path / "old.json"
-    path.write_text('{"schema": 2, "checks": []}', encoding="utf-8")
-    with pytest.raises(ValueError, match="expected benchmark JSON schema 3, got 2"):
-        _json.read_json(path)
-    path.write_text("[]", encoding="utf-8")
-    with pytest.raises(ValueError, match="got list"):
-        _json.read_json(path)

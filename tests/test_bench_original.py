@@ -52,7 +52,6 @@ def test_larger_request_drops_the_popped_triple() -> None:
     big = pool.acquire(10)
     assert big is not small
     assert big.src_ptrs.numel() == 10
-    assert pool.cached == 0
     assert pool.allocations == 2
     assert pool.bytes_held == 10 * TRIPLE
 
@@ -66,7 +65,6 @@ def test_lifo_and_only_the_top_is_examined() -> None:
     fresh = pool.acquire(500)
     assert fresh is not big
     assert fresh is not small
-    assert pool.cached == 1
     assert pool.acquire(1) is big
 
 
@@ -75,14 +73,12 @@ def test_release_checks_nothing_and_never_frees() -> None:
     bufs = pool.acquire(8)
     pool.release(bufs)
     pool.release(bufs)  # a double release is accepted, as in the original
-    assert pool.cached == 2
     triples = [pool.acquire(8) for _ in range(2)]
     assert triples[0] is triples[1] is bufs
     many = [pool.acquire(16) for _ in range(20)]
     for triple in many:
         pool.release(triple)
-    assert pool.cached == 20
-    assert pool.cached_bytes == 20 * 16 * TRIPLE
+    assert pool.bytes_held == (8 + 20 * 16) * TRIPLE  # nothing freed
 
 
 def test_counters_change_only_when_allocating() -> None:
@@ -94,8 +90,6 @@ def test_counters_change_only_when_allocating() -> None:
         pool.release(bufs)
         bufs = pool.acquire(32)
     assert (pool.allocations, pool.bytes_held, pool.peak_bytes_held) == (1, 1536, 1536)
-    pool.release(bufs)
-    assert pool.cached_bytes == 1536
 
 
 def test_peak_is_the_highest_bytes_held() -> None:
@@ -142,6 +136,4 @@ def test_matches_a_model_of_the_documentation(steps: list[tuple[bool, int]]) -> 
         held = sum(model) + sum(b.src_ptrs.numel() for b in out)
         assert pool.allocations == allocations
         assert pool.bytes_held == held * TRIPLE
-        assert pool.cached == len(model)
-        assert pool.cached_bytes == sum(model) * TRIPLE
         assert pool.peak_bytes_held >= pool.bytes_held

@@ -1,4 +1,4 @@
-"""The report of one tiny run: a one-screen summary, or (``verbose``) every figure and verdict."""
+"""The report of one tiny run: a one-screen summary, or (``verbose``) every figure and check."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import _bench_case
 import pytest
 
 from bench import _report as report
-from bench._cases import TraceCase
 from bench._runner import BenchResult
 from bench._stats import Measurement, exact
-from bench._targets import exit_status
+from bench._traces import TRACE_NAMES
 
 #: The most lines the summary may take: one screen.
 SCREEN = 60
@@ -30,96 +29,47 @@ def test_formatting() -> None:
     assert report.format_value(1234.4, "ns") == "1,234 ns"
     assert report.format_value(12, "count") == "12"
     assert report.format_value(812_345.6, "ops/s") == "812,346 ops/s"
-    assert report.format_value(2.75, "%") == "2.8%"
-    assert report.format_value(31.2, "%") == "31%"
-    timed = Measurement(0.3, 0.29, 0.31, "x")
-    assert report.format_measurement(timed) == "0.3x [0.29x-0.31x]"
+    assert report.format_measurement(Measurement(0.3, 0.29, 0.31, "x")) == "0.3x [0.29x-0.31x]"
     assert report.format_measurement(exact(3, "count")) == "3"
-    assert report.format_rate(232_000) == "232k/s"
-    assert report.format_rate(1.514e9) == "1.51G/s"
-    assert report.format_rate(160) == "160/s"
 
 
-def sections(table: str) -> dict[str, list[str]]:
-    """The promise and goal rows of a table, by kind."""
-    promises, goals = table.index("\nPROMISES: "), table.index("\nGOALS: ")
-    end = table.index("\npromises: ")
-    return {
-        "promise": table[promises:goals].splitlines(),
-        "goal": table[goals:end].splitlines(),
-    }
+def rows_of(table: str, first: str) -> list[list[str]]:
+    return [line.split() for line in table.splitlines() if line.split()[:1] == [first]]
 
 
-def test_table_shows_every_verdict(tiny_run: BenchResult) -> None:
+def test_the_summary_fits_one_screen_and_says_each_headline(tiny_run: BenchResult) -> None:
+    summary = report.render_table(tiny_run)
+    assert len(summary.splitlines()) <= SCREEN
+    for trace in TRACE_NAMES:  # a row per trace, with its step ratio and its interval
+        (row,) = rows_of(summary, trace)
+        measured = tiny_run.figures[trace]["bucketpool/original"]
+        assert report.format_measurement(measured).split()[0] in row
+    for k in ("16", "64", "256", "4,096", "65,536"):
+        assert len(rows_of(summary, k)) == 1
+    assert "fill-step (normal-64, 20 steps" in summary
+    assert "-check: exit" not in summary
+    promise_rows = {" ".join(row[1:3]) for row in rows_of(summary, "promise")}
+    assert "add_copies/numpy (arrays)" in promise_rows  # one row per figure, its worst case
+    assert len(rows_of(summary, "promise")) == len(
+        {c.spec.figure for c in tiny_run.checks if c.spec.kind == "promise"}
+    )
+
+
+def test_verbose_has_every_figure_and_every_check(tiny_run: BenchResult) -> None:
     table = report.render_table(tiny_run, verbose=True)
-    measured = tiny_run.figures["repeated-64"]["bucketpool/original"]
-    assert report.format_measurement(measured) in table
-    rows = sections(table)
-    for check in tiny_run.checks:
-        lines = rows[check.spec.kind]
-        own = [line for line in lines if line.startswith(check.name + " ")]
-        if check.verdict != "PASS" or check.measurement.timed:
-            (row,) = own  # a timed figure or a verdict other than PASS has its own row
-            assert row.endswith(check.verdict) or "LOADED" in row
-        else:  # exact PASSes of one target share a row, unless it is the only one
-            grouped = [line for line in lines if f" cases: {check.spec.figure} " in line]
-            assert len(own) + len(grouped) == 1
-            assert (own or grouped)[0].endswith("PASS")
-    assert "handle.add_copies" in table
-    assert "bucketpool bytes per cached buffer" in table
-    for case in ("parked-stuck", "threads-8-switch", "leak-site", "compat", "normal-64"):
-        assert f"\n{case} " in table
+    for case, figures in tiny_run.figures.items():
+        assert f"  {case}: " in table  # described
+        for figure in figures:
+            assert figure in table
+    rows = [line for line in table.splitlines() if line.startswith(("promise ", "goal "))]
+    assert len(rows) == len(tiny_run.checks)
+    for check, row in zip(tiny_run.checks, rows, strict=True):
+        assert f" {check.case} " in row
+        assert row.split()[-1] in (check.verdict, f"{check.interval_verdict})")
 
 
-def test_promises_come_first_each_labelled(tiny_run: BenchResult) -> None:
-    table = report.render_table(tiny_run, verbose=True)
-    assert table.index("\nPROMISES: ") < table.index("\nGOALS: ")
-    promise_rows, goal_rows = ("\n".join(rows) for rows in sections(table).values())
-    assert "repeated-64: bucketpool/original " in promise_rows  # <= 1.0, the promise
-    assert "<= 1x" in promise_rows
-    assert "repeated-64: bucketpool/original " in goal_rows  # <= 0.40, the goal
-    assert "<= 0.4x" in goal_rows
-    assert "threads-8-switch: throughput at 100us / at default" in goal_rows
-    assert "parked-stuck: stuck/none stuck" in promise_rows
-
-
-def test_the_report_says_how_to_read_it_once(tiny_run: BenchResult) -> None:
-    table = report.render_table(tiny_run, verbose=True)
-    assert table.count("lower is better unless the bound says >=") == 1
-    assert table.count("bench/_original.py") == 1
-    assert "acquire, three [:n] slices, release" in table
-    assert "promises: " in table
-    assert "; goals: " in table
-    assert "--check: exit" not in table  # without --check, no verdict of it
-
-
-@pytest.mark.parametrize("verbose", [False, True])
-def test_the_check_line_only_when_asked(tiny_run: BenchResult, verbose: bool) -> None:
-    def check_lines(**flags: bool) -> list[str]:
-        table = report.render_table(tiny_run, verbose=verbose, **flags)
-        return [line.split(",")[0] for line in table.splitlines() if "-check: exit" in line]
-
-    assert check_lines() == []
-    assert check_lines(check=True) == [f"--check: exit {exit_status(tiny_run.checks)}"]
-    strict = exit_status(tiny_run.checks, strict=True)
-    assert check_lines(strict=True) == [f"--strict-check: exit {strict}"]
-
-
-def test_the_summary_fits_one_screen(tiny_run: BenchResult) -> None:
-    summary = report.render_table(tiny_run, check=True)
-    lines = summary.splitlines()
-    assert len(lines) <= SCREEN
-    assert "PROMISES: " not in summary  # the verbose tables
-    assert "GOALS: " not in summary
-    assert summary.count("lower is better unless the bound says >=") == 1
-    for case in tiny_run.cases:  # a row per trace
-        if isinstance(case, TraceCase):
-            assert sum(line.startswith(f"{case.name} ") for line in lines) == 1
-    rows = [line for line in lines if line.startswith(("promise ", "goal "))]
-    assert len(rows) == len({check.spec for check in tiny_run.checks})  # a row per target
-    assert "copies per call: setitem " in summary
-
-
-def test_matplotlib_available_sees_a_missing_import(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
-    assert not report.matplotlib_available()
+def test_the_exit_line_comes_last_with_check(tiny_run: BenchResult) -> None:
+    checked = report.render_table(tiny_run, check=True).splitlines()
+    assert checked[-1].startswith("--check: exit ")
+    strict = report.render_table(tiny_run, check=True, strict=True).splitlines()
+    assert strict[-1].startswith("--strict-check: exit ")

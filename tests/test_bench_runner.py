@@ -11,6 +11,8 @@ import attrs
 import pytest
 
 from bench import _runner as runner
+from bench._cases import FillStepCase
+from bench._fills import FILL_SIZES
 from bench._stats import Measurement, paired_ratios, summarize
 from bench._targets import TargetSpec
 from bench._traces import builtin_traces
@@ -21,9 +23,8 @@ SPEC = TargetSpec(("fake",), "fast/base", "<=", 1.0, "fake", kind="promise")
 class FakeCase:
     """A case whose rounds give preset ratios: no pool, no clock."""
 
-    def __init__(self, ratios: Iterator[float], name: str = "fake", cores: int = 1) -> None:
+    def __init__(self, ratios: Iterator[float], name: str = "fake") -> None:
         self.name = name
-        self.cores = cores
         self.description = "synthetic"
         self.samples: dict[str, list[float]] = {"base": [], "fast": []}
         self._ratios = ratios
@@ -61,7 +62,7 @@ def test_a_clear_verdict_stops_after_the_first_rounds() -> None:
     assert case.closed
     assert result.rounds == {"fake": 5}
     assert [check.verdict for check in result.checks] == ["PASS"]
-    assert not result.loaded
+    assert result.load == {"fake": 0.0}
 
 
 def test_unsure_adds_rounds_up_to_the_limit() -> None:
@@ -94,23 +95,14 @@ def test_other_busy_tasks_hold_back_the_verdict(monkeypatch: pytest.MonkeyPatch)
     result = runner.run_benchmark(settings(), [case], specs=[SPEC])
     (check,) = result.checks
     assert (check.verdict, check.interval_verdict) == ("LOADED", "FAIL")
-    assert result.loaded
     assert result.load["fake"] == 2.0
 
 
-def test_one_other_task_leaves_a_single_threaded_case_judged_but_not_a_threaded_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_one_other_task_on_two_cpus_leaves_the_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(runner, "other_runnable", lambda: 1.0)  # one CPU left
-    single = FakeCase(itertools.repeat(2.0), name="single")
-    threaded = FakeCase(itertools.repeat(2.0), name="threaded", cores=8)
-    spec = TargetSpec(("*",), "fast/base", "<=", 1.0, "fake", kind="promise")
-    result = runner.run_benchmark(settings(), [single, threaded], specs=[spec])
-    assert [(c.case, c.verdict) for c in result.checks] == [
-        ("single", "FAIL"),
-        ("threaded", "LOADED"),
-    ]
+    monkeypatch.setattr(runner, "other_runnable", lambda: 1.0)  # one CPU left: the bench's
+    result = runner.run_benchmark(settings(), [FakeCase(itertools.repeat(2.0))], specs=[SPEC])
+    assert [c.verdict for c in result.checks] == ["FAIL"]
 
 
 def test_other_runnable_reads_a_count() -> None:
@@ -120,26 +112,34 @@ def test_other_runnable_reads_a_count() -> None:
         assert count == int(count)  # an instantaneous count, not an average
 
 
-def test_settings_for_mode() -> None:
-    quick = runner.Settings.for_mode(quick=True)
-    full = runner.Settings.for_mode(quick=False)
+def test_quick_settings_are_smaller() -> None:
+    full, quick = runner.Settings(), runner.QUICK
     assert quick.quick
     assert not full.quick
-    assert quick.rounds < full.rounds
-    assert quick.budget_s < full.budget_s
-    custom = runner.Settings.for_mode(quick=True, rounds=50, ops=10, budget_s=0)
-    assert (custom.rounds, custom.ops, custom.budget_s) == (50, 10, 0)
-    assert custom.max_rounds >= 50
+    for field in ("rounds", "max_rounds", "budget_s", "ops", "fill_step_ops", "min_pass_ns"):
+        assert getattr(quick, field) < getattr(full, field), field
 
 
 def test_build_cases() -> None:
     traces = builtin_traces(10)[:2]
-    cases = runner.build_cases(runner.Settings(), traces, ["fills", "threads"])
+    cases = runner.build_cases(runner.Settings(), traces, ["fills", "parked", "fill-step"])
     names = [case.name for case in cases]
-    assert names == ["repeated-64", "repeated-1196", "threads-8", "threads-8-switch", "fills"]
+    assert names == [
+        "repeated-64",
+        "repeated-1196",
+        *(f"fills-{k}" for k in FILL_SIZES),
+        "fill-step",
+        "parked-10000",
+        "evented",
+        "parked-stuck",
+        "collect",
+    ]
     assert runner.build_cases(runner.Settings(), (), ()) == []
+    (fill_step,) = runner.build_cases(runner.QUICK, (), ["fill-step"])
+    assert isinstance(fill_step, FillStepCase)
+    assert fill_step.trace.ops == runner.QUICK.fill_step_ops
     env = runner.environment()
-    assert {"version", "python", "torch", "numpy", "machine"} <= set(env)
+    assert {"version", "python", "torch", "numpy", "platform", "cpus"} <= set(env)
 
 
 def test_an_interval_at_the_resolution_floor_gets_no_more_rounds() -> None:
@@ -175,8 +175,8 @@ def test_with_settle_goals_promises_get_the_extra_rounds_first() -> None:
 
 
 def test_a_quiet_machines_daemons_load_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
     monkeypatch.setattr(runner, "other_runnable", lambda: runner.LOAD_TOLERANCE - 0.1)
-    threaded = FakeCase(itertools.repeat(2.0), name="threaded", cores=8)
-    result = runner.run_benchmark(settings(), [threaded], specs=[attrs.evolve(SPEC, cases=("*",))])
+    case = FakeCase(itertools.repeat(2.0), name="one")
+    result = runner.run_benchmark(settings(), [case], specs=[attrs.evolve(SPEC, cases=("*",))])
     assert [c.verdict for c in result.checks] == ["FAIL"]

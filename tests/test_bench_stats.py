@@ -72,12 +72,20 @@ def test_exact_values_are_judged_as_points() -> None:
     assert not stats.exact(1, "bytes").timed
 
 
-def test_relative_spread_and_percentile() -> None:
+def test_relative_spread() -> None:
     assert stats.relative_spread([5.0]) == 0.0
     assert stats.relative_spread([0.0, 0.0]) == 0.0
     assert stats.relative_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2 / 3)
-    assert stats.percentile([1.0, 2.0, 3.0], 50) == 2.0
     assert stats.relative_spread(BASELINE) < stats.LOADED_SPREAD
+
+
+def test_ratio_of_pairs_rounds_and_keeps_the_baselines_spread() -> None:
+    samples = {"ours": [ns * 0.5 for ns in BASELINE], "base": BASELINE}
+    ratio = stats.ratio_of(samples, "ours", "base")
+    assert ratio.value == pytest.approx(0.5)
+    assert ratio.spread == stats.relative_spread(BASELINE)
+    median = stats.median_of(BASELINE)
+    assert (median.value, median.unit) == (3020.0, "ns")
 
 
 def test_time_ns_restores_the_collector() -> None:
