@@ -104,9 +104,9 @@ def test_no_locked_section_calls_or_loops(path: pathlib.Path) -> None:
     assert violations(path.read_text(), path.name) == []
 
 
-def test_the_lock_is_taken_in_the_ledger_and_the_parking_queues_only() -> None:
+def test_the_lock_is_taken_in_the_ledger_only() -> None:
     taken = {path.name for path in _modules() if _locked_sections(ast.parse(path.read_text()))}
-    assert taken == {"_ledger.py", "_queues.py"}
+    assert taken == {"_ledger.py"}
 
 
 def test_the_lock_is_acquired_by_hand_only_around_fork() -> None:
@@ -127,7 +127,7 @@ def test_every_move_is_checked() -> None:
     # The checker sees the ledger's moves: a change that hid them would pass vacuously.
     source = (PACKAGE / "_ledger.py").read_text()
     names = {function.name for function, _ in _locked_sections(ast.parse(source))}
-    assert {"serve", "settle", "uncache", "retire", "attach_holder"} <= names
+    assert {"serve", "settle", "uncache", "retire", "young_front", "compact_old"} <= names
 
 
 def _function(*lines: str, name: str = "move") -> str:

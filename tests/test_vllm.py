@@ -355,8 +355,11 @@ def test_vllms_module_imported_anew_ends_the_install(build: Builder) -> None:
     assert not bucketpool_vllm.installed()
     bucketpool_vllm.install()
     assert bucketpool_vllm.installed()
-    assert fresh.DescriptorBufferPool().acquire(1).src_ptrs.dtype == torch.int64
-    assert type(fresh.DescriptorBufferPool()).__module__ == "bucketpool.compat"
+    pool = fresh.DescriptorBufferPool()
+    bufs = pool.acquire(1)
+    assert bufs.src_ptrs.dtype == torch.int64
+    pool.release(bufs)
+    assert type(pool).__module__ == "bucketpool.compat"
     bucketpool_vllm.uninstall()
     assert not bucketpool_vllm.installed()
     assert_untouched(tree)  # the old module and the worker got vLLM's classes back too
