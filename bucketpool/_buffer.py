@@ -28,7 +28,7 @@ __all__ = ["VIEW_SETS", "VIEW_SET_BYTES", "Bucket", "Buffer", "new_tensor"]
 #: 2.13: what a buffer's views count against ``max_cached_bytes``.
 VIEW_SET_BYTES = 2048
 #: View sets cached per buffer, one per recent n (the trade is in docs/design.md).
-VIEW_SETS = 16
+VIEW_SETS = 32
 ENTRY_BYTES = 8
 _empty = torch.empty  # bound at import: a test that patches torch.empty does not reach us
 
@@ -69,9 +69,28 @@ class Buffer:
     """
 
     __slots__ = (
-        *("adapted", "address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np"),
+        *(
+            "address",
+            "arrays_",
+            "base",
+            "bucket",
+            "checksum",
+            "code",
+            "dtype",
+            "dtype_np",
+        ),
         *("events", "handed", "lasti", "ledger", "n", "poisoned", "recorded"),
-        *("released_at", "own_views", "site", "storage", "strict", "token", "version", "view_bytes", "views"),
+        *(
+            "released_at",
+            "own_views",
+            "site",
+            "storage",
+            "strict",
+            "token",
+            "version",
+            "view_bytes",
+            "views",
+        ),
     )
 
     def __init__(
@@ -99,8 +118,7 @@ class Buffer:
         self.events: collections.deque[Any] | list[Any] | None = None
         self.recorded = 0  # events ever recorded on it: a release tells a new one by this
         self.code: object = None  # the acquire's code object and instruction (leak warnings)
-        self.lasti = 0
-        self.adapted = False  # handed out through a compat adapter (a leak's advice)
+        self.lasti = 0  # (~lasti: handed out through a compat adapter)
         self.site: object = None  # where the hand-out was acquired and released (tracing)
         self.released_at: object = None
         self.checksum: int | None = None  # debug levels: of the first n entries
@@ -123,27 +141,53 @@ class Buffer:
             self._repair()
         views = self.views.get(n)
         if views is None:
-            views = self._cut(n)
+            views = self.cut(n)
         views._token = self.token
         return views
 
-    def _cut(self, n: int) -> Views:
-        """Cut a view set of *n* entries and cache it (the oldest goes when full)."""
+    def cut(self, n: int) -> Views:
+        """A view set of *n* entries, cached: the oldest set resized, once the cache is full.
+
+        Three in-place resizes cost half what three new views do.  A set this hand-out
+        was given is never resized (its holder may still use it), nor at the debug
+        levels, where each hand-out has sets of its own.
+        """
+        views, token = self.views, self.token
+        if len(views) >= VIEW_SETS:
+            for key, found in views.items():
+                if found._token != token:
+                    del views[key]
+                    if not self.own_views:
+                        base = self.base
+                        ours = base._version == self.version  # no holder's change since
+                        src, dst, sizes = found
+                        try:
+                            src.resize_(n)
+                            dst.resize_(n)
+                            sizes.resize_(n)
+                        except RuntimeError:  # a holder put it on memory that cannot grow
+                            pass
+                        else:
+                            if ours:
+                                self.version = base._version  # our own change
+                            views[n] = found
+                            return found
+                    break
         base, capacity = self.base, self.bucket.capacity
         if self.strict:  # guarded views, this hand-out's own: dropped as it ends
-            fields = _debug.guarded_views(self, self.token, n)
+            fields = _debug.guarded_views(self, token, n)
         else:
             fields = (
                 base[:n],
                 base[capacity : capacity + n],
                 base[2 * capacity : 2 * capacity + n],
             )
-        views = tuple.__new__(Views, fields)
-        views._buffer = self
-        if len(self.views) >= VIEW_SETS:
-            del self.views[next(iter(self.views))]  # dropped, never changed: a holder may have it
-        self.views[n] = views
-        return views
+        found = tuple.__new__(Views, fields)
+        found._buffer = self
+        found._token = 0
+        if len(views) < VIEW_SETS:  # (full of this hand-out's own sets: not cached)
+            views[n] = found
+        return found
 
     def _repair(self) -> None:
         """Put the buffer's tensor back on its memory as the pool made it; drop every view set.

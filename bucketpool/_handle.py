@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 from bucketpool import _debug
-from bucketpool._buffer import field_arrays
+from bucketpool._buffer import VIEW_SET_BYTES, field_arrays
 from bucketpool._errors import ReleaseError
 from bucketpool._ledger import AS_RECORDED, LEAK
 from bucketpool._lock import LATE, owned
@@ -119,11 +119,10 @@ class BufferHandle:
         token = self._token
         if token <= 0 or buffer.token != token:
             self._refuse("with")
-        if buffer.base._version == buffer.version:
-            views = buffer.views.get(self._n)
-            if views is not None:
-                views._token = token
-                return views
+        if buffer.base._version == buffer.version:  # (`Buffer.views_for`, inline)
+            views = buffer.views.get(self._n) or buffer.cut(self._n)
+            views._token = token
+            return views
         return buffer.views_for(self._n)
 
     def __exit__(
@@ -153,6 +152,15 @@ class BufferHandle:
             _add_note(exc, f"bucketpool: {self._released_message('end of with block')}")
             return
         pool = self._pool
+        seen = buffer.recorded  # first: an event recorded after this makes the move refuse
+        if exc is None and not buffer.events and not pool._watching and not owned():
+            # The common release (no event, no exception, no tracing): one move.
+            views = len(buffer.views) * VIEW_SET_BYTES  # what its view sets count
+            if pool._ledger.give_back(buffer, token, None, views, seen):
+                self._token = 0
+                if LATE:  # a finaliser that ran inside the move queued a release
+                    pool._drain()
+                return
         error: BaseException | None = None
         try:
             if exc is not None:
@@ -161,7 +169,7 @@ class BufferHandle:
                 buffer.version = -2
             if pool._watching:
                 buffer.released_at = _debug.site(pool._full_stack)
-            views = buffer.views_cost()
+            views = len(buffer.views) * VIEW_SET_BYTES  # what its view sets count
             while True:  # again if an event is recorded meanwhile (by a query(), a thread)
                 seen = buffer.recorded
                 events = buffer.events

@@ -33,7 +33,6 @@ _U64 = np.dtype(np.uint64)
 _ACCEPTED = "a 1-D numpy integer array, a CPU integer tensor or a sequence of ints"
 #: Items numpy reads as ints in a list that are not ints (a 0-d array may hold a bool).
 _SUSPECT = frozenset((bool, np.bool_, np.ndarray))
-_INT_ONLY = frozenset((int,))
 
 
 def as_integer(value: object, name: str, op: str) -> int:
@@ -113,14 +112,16 @@ def _to_array(values: object, name: str) -> IntArray:
     """*values* as a 1-D native-endian integer array; Python ints are checked >= 0."""
     if type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind in "iu":
         return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
-    if type(values) is list and _INT_ONLY.issuperset(map(type, values)):
-        try:  # the common list: plain ints below 2**63, read in one call
-            arr: npt.NDArray[Any] = np.array(values, dtype=_I64)
-        except OverflowError:
+    if type(values) is list:  # the common list: ints below 2**63, read in C
+        values = values.copy()  # what is checked is what is written, whatever runs here
+        try:  # a float, a numpy scalar or a str makes the total no int: checked below
+            if type(sum(values)) is int:
+                arr: npt.NDArray[Any] = np.fromiter(values, _I64, len(values))
+                # No negative, and no 0 or 1 (a bool reads as one): else checked below.
+                if not len(arr) or arr.item(arr.argmin()) > 1:
+                    return arr
+        except (TypeError, ValueError, OverflowError):
             pass
-        else:
-            _check_non_negative(arr, name)
-            return arr
     from_python = False
     if isinstance(values, np.ndarray):
         arr = np.asarray(values)  # a subclass, or a 0-d / 2-D array

@@ -46,9 +46,9 @@ DROPPED: Final = "dropped"
 Entry = tuple[Buffer, int, "list[Any] | str | None", int]
 #: One parking of a buffer: ``[buffer, events, tick]``; spent when the buffer is None.
 Parking = list[Any]
-#: A leak, as `settle` saw it: the hand-out's n, the acquire's code and instruction, the
-#: site, and whether a compat adapter handed it out.
-Leak = tuple[int, object, int, object, bool]
+#: A leak, as `settle` saw it: the hand-out's n, the acquire's code and instruction (its
+#: complement when a compat adapter handed it out), the site.
+Leak = tuple[int, object, int, object]
 #: What `settle` did: the buffer, the outcome, the leak, the in-flight problem.
 Settled = tuple["Buffer | None", str, "Leak | None", "str | None"]
 _NOTHING: Final = (None, "nothing", None, None)
@@ -297,7 +297,7 @@ class Ledger:
                 self.active_bytes -= nbytes
                 if leaked:
                     self.leaks += 1
-                    leak = (buffer.n, buffer.code, buffer.lasti, buffer.site, buffer.adapted)
+                    leak = (buffer.n, buffer.code, buffer.lasti, buffer.site)
             else:  # a parked buffer retires: its events are done
                 self.parked[k] -= 1
                 self.parked_bytes = parked

@@ -180,15 +180,15 @@ class BucketPool:
         if owned():
             raise _reentered("acquire")
         frame = _getframe(1)  # the acquire's site, for a leak warning: no stack walk
-        adapted = frame.f_code in ADAPTERS
-        if adapted:
+        code, lasti = frame.f_code, frame.f_lasti
+        if code in ADAPTERS:  # a compat adapter's: its caller's site, marked by ~lasti
             frame = frame.f_back or frame
+            code, lasti = frame.f_code, ~frame.f_lasti
         # The handle exists before the hand-out and is bound inside the move: from then on
         # its finaliser owns the buffer, also when a signal unwinds this call.
         handle = _new(BufferHandle)
         handle._pool = self
         handle._n = n
-        code, lasti = frame.f_code, frame.f_lasti
         if bucket.free or bucket.inbox:  # hints: `serve` decides
             got = self._ledger.serve(bucket, n, handle, code, lasti)
         else:  # nothing to serve from: straight to the parked buffers, then a new one
@@ -198,7 +198,6 @@ class BucketPool:
                 got = self._serve_slowly(bucket, n, handle, code, lasti, got)
             if got is SWEEP:
                 self._maintain()
-        handle._buffer.adapted = adapted  # (the leak warning's advice)
         if self._watching:
             self._handed_out(handle._buffer)
         if LATE:
@@ -249,7 +248,7 @@ class BucketPool:
         if self._full_stack or not isinstance(code, CodeType) or _debug.in_package(code):
             buffer.site = _debug.site(self._full_stack)
         else:
-            buffer.site = (code, buffer.lasti)
+            buffer.site = (code, buffer.lasti if buffer.lasti >= 0 else ~buffer.lasti)
 
     # -- the release path ---------------------------------------------------------------------
 

@@ -72,7 +72,9 @@ def take_back(
 
 
 def _report_leak(leak: Leak, reported: set[object]) -> None:
-    n, code, lasti, where, adapted = leak
+    n, code, lasti, where = leak
+    adapted = lasti < 0  # a compat adapter's hand-out: its advice differs
+    lasti = ~lasti if adapted else lasti
     line = _debug.line_of(where) or _debug.code_line(code, lasti)  # type: ignore[arg-type]
     key: object = line or n
     if key in reported:

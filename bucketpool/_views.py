@@ -192,8 +192,13 @@ class DescriptorBuffers(NamedTuple):
                 f"shrink: count={count} is outside 0..n={buffer.n}; views can only shrink "
                 "(acquire a larger handle to write more entries)"
             )
-        views: DescriptorBuffers = buffer.views_for(count)
-        return views
+        views = buffer.views.get(count)  # (no version check: a change of the holder's own)
+        if views is not None:
+            views._token = token
+            return views  # type: ignore[no-any-return]
+        found: DescriptorBuffers = buffer.cut(count)
+        found._token = token  # type: ignore[attr-defined]
+        return found
 
     def record_event(self, event: CompletionEvent) -> None:
         """Keep the buffer out of reuse until *event* reports done.

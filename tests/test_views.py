@@ -206,13 +206,13 @@ def test_shrinking_each_step_cuts_no_new_views(
     # `k = bufs.add_copies(...); bufs.shrink(k)` every step: the set for n stays cached.
     pool = BucketPool(debug=level)
     cuts: list[int] = []
-    cut = Buffer._cut
+    cut = Buffer.cut
 
     def counted(buffer: Buffer, n: int) -> Views:
         cuts.append(n)
         return cut(buffer, n)
 
-    monkeypatch.setattr(Buffer, "_cut", counted)
+    monkeypatch.setattr(Buffer, "cut", counted)
     for _ in range(50):
         with pool.acquire(100) as bufs:
             written = bufs.add_copies(0, range(60), range(60), 8)
