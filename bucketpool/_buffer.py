@@ -1,14 +1,4 @@
-"""Buckets and buffers: a buffer's memory, and the view sets it keeps for its holders.
-
-A buffer is one tensor of ``3 * capacity`` entries, made outside inference mode on the CPU
-(`new_tensor`); its fields are consecutive views of it, so they share one version counter.
-It keeps up to `VIEW_SETS` view sets, one per recent ``n``, so that a repeated ``n`` cuts
-no tensor.  The rule that keeps a holder's changes from the next holder is one comparison:
-any in-place change through torch to any view (``resize_``, ``set_``, ``out=``, a torch
-write) bumps the version counter, and the next hand-out then puts the buffer's tensor back
-as the pool made it and drops every cached set.  Fills write through numpy and bump
-nothing.  The counter decides only which views to trust, never who holds the buffer.
-"""
+"""Buckets and buffers: a buffer's memory, and the view sets it keeps for its holders."""
 
 from __future__ import annotations
 
@@ -24,22 +14,14 @@ from bucketpool._views import DescriptorArrays, Views
 
 __all__ = ["VIEW_SETS", "VIEW_SET_BYTES", "Bucket", "Buffer", "new_tensor"]
 
-#: Bytes one cached view set costs (three tensors and their tuple), as measured on torch
-#: 2.13: what a buffer's views count against ``max_cached_bytes``.
-VIEW_SET_BYTES = 2048
-#: View sets cached per buffer, one per recent n (the trade is in docs/design.md).
-VIEW_SETS = 32
+VIEW_SET_BYTES = 2048  # what one cached view set counts against max_cached_bytes (torch 2.13)
+VIEW_SETS = 32  # view sets cached per buffer, one per recent n (the trade: docs/design.md)
 ENTRY_BYTES = 8
 _empty = torch.empty  # bound at import: a test that patches torch.empty does not reach us
 
 
 def new_tensor(size: int, dtype: torch.dtype, pin_memory: bool = False) -> torch.Tensor:
-    """A plain CPU tensor of *size* entries, whatever the host's torch state.
-
-    Outside inference mode (vLLM acquires inside it, where a new tensor would have no
-    version counter and refuse in-place use elsewhere), on the CPU whatever the default
-    device.
-    """
+    """A plain CPU tensor of *size* entries, made outside inference mode (vLLM's)."""
     with torch.inference_mode(False):
         return _empty(size, dtype=dtype, device="cpu", pin_memory=pin_memory)
 
@@ -54,52 +36,24 @@ class Bucket:
         self.capacity = 1 << index
         self.nbytes = self.capacity * ENTRY_BYTES * 3
         self.free: list[Buffer] = []  # cached, the most recently released last
-        #: Entries coming back (`bucketpool._ledger.Entry`), oldest first: appended to
-        #: without the lock, taken back under it.
-        self.inbox: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.inbox: collections.deque[tuple[Any, ...]] = collections.deque()  # `Entry`s back
         self.last_tick = 0  # the tick of its last hand-out (or reservation)
 
 
 class Buffer:
-    """One buffer: its memory, its cached views, and the records of its hand-out.
-
-    ``token`` (guarded by the lock) says where it is: > 0 held by that hand-out, 0 cached
-    or freed, minus the hand-out's token while parked (`bucketpool._ledger`).  The rest is
-    its holder's while held, and the ledger's otherwise.
-    """
+    """One buffer: its memory, its cached views, and the records of its hand-out."""
 
     __slots__ = (
-        *(
-            "address",
-            "arrays_",
-            "base",
-            "bucket",
-            "checksum",
-            "code",
-            "dtype",
-            "dtype_np",
-        ),
-        *("events", "handed", "lasti", "ledger", "n", "poisoned", "recorded"),
-        *(
-            "released_at",
-            "own_views",
-            "site",
-            "storage",
-            "strict",
-            "token",
-            "version",
-            "view_bytes",
-            "views",
-        ),
+        *("address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np"),
+        *("events", "handed", "lasti", "ledger", "n", "poisoned", "recorded", "released_at"),
+        *("own_views", "site", "storage", "strict", "token", "version", "view_bytes", "views"),
     )
 
     def __init__(
         self, bucket: Bucket, dtype: torch.dtype, pin_memory: bool, ledger: Any, level: int
     ) -> None:
         self.bucket = bucket
-        #: A weak reference to its pool's `bucketpool._ledger.Ledger` (record_event's
-        #: moves): strong, it would make a cycle with the ledger's registry.
-        self.ledger = weakref.ref(ledger)
+        self.ledger = weakref.ref(ledger)  # its `bucketpool._ledger.Ledger` (strong: a cycle)
         self.dtype = dtype
         self.base = new_tensor(3 * bucket.capacity, dtype, pin_memory)
         self.storage = self.base.untyped_storage()
@@ -108,12 +62,10 @@ class Buffer:
         self.dtype_np = self.arrays_[0].dtype
         self.views: dict[int, Views] = {}
         self.view_bytes = 0  # what the views counted against the cap when it went idle
-        # At the debug levels each hand-out has view sets of its own, dropped as it ends
-        # (`bucketpool._debug.verify`): at strict guarded ones.
-        self.own_views = level > 0
-        self.strict = level == 2
-        self.version = self.base._version
-        self.token = 0
+        self.own_views = level > 0  # debug levels: each hand-out has view sets of its own
+        self.strict = level == 2  # (guarded ones)
+        self.version = self.base._version  # a torch change to a view bumps it: `_repair`
+        self.token = 0  # (the lock's) > 0: held by that hand-out; 0: cached or freed; < 0: parked
         self.n = 0  # the live hand-out's n
         self.events: collections.deque[Any] | list[Any] | None = None
         self.recorded = 0  # events ever recorded on it: a release tells a new one by this
@@ -127,10 +79,7 @@ class Buffer:
 
     @property
     def arrays(self) -> DescriptorArrays:
-        """The pool's numpy arrays of the whole fields (never handed out).
-
-        Made anew first if the memory moved under them (``share_memory_()`` on a view).
-        """
+        """The pool's numpy arrays of the whole fields, made anew if the memory moved."""
         if self.storage.data_ptr() != self.address:
             self._repair()
         return self.arrays_
@@ -146,12 +95,7 @@ class Buffer:
         return views
 
     def cut(self, n: int) -> Views:
-        """A view set of *n* entries, cached: the oldest set resized, once the cache is full.
-
-        Three in-place resizes cost half what three new views do.  A set this hand-out
-        was given is never resized (its holder may still use it), nor at the debug
-        levels, where each hand-out has sets of its own.
-        """
+        """A cached view set of *n* entries; once full, the oldest not this hand-out's is reused."""
         views, token = self.views, self.token
         if len(views) >= VIEW_SETS:
             for key, found in views.items():
@@ -190,19 +134,10 @@ class Buffer:
         return found
 
     def _repair(self) -> None:
-        """Put the buffer's tensor back on its memory as the pool made it; drop every view set.
-
-        A holder may have re-pointed, resized or re-strided a view, or the buffer's tensor
-        through a view's ``_base`` (``.data =`` too); growing a view past the buffer
-        resizes the storage, which moves the memory.
-        """
+        """Put the buffer's tensor back on its memory as the pool made it; drop every view set."""
         base, size = self.base, 3 * self.bucket.capacity
-        if (type(base), base.dtype, base.is_neg(), base.is_conj()) != (
-            torch.Tensor,
-            self.dtype,
-            False,
-            False,
-        ):
+        made = (torch.Tensor, self.dtype, False, False)
+        if (type(base), base.dtype, base.is_neg(), base.is_conj()) != made:
             self.base = base = new_tensor(0, self.dtype).set_(self.storage, 0, (size,), (1,))
         elif (
             base.untyped_storage()._cdata != self.storage._cdata
@@ -220,17 +155,10 @@ class Buffer:
         self.version = base._version
 
     def record(self, token: int, event: Any) -> bool:
-        """(the holder) Add *event* to hand-out *token*'s events; False if it is over.
-
-        Asks the oldest event first (user code, before the move): a done one leaves, a
-        pending one goes last, so events stay O(1) amortised.  At the debug levels,
-        descriptors changed since the last record while an earlier event may still run
-        raise `InFlightWriteError`, the event recorded all the same.
-        """
+        """(the holder) Add *event* to hand-out *token*'s events; False if it is over."""
         events: collections.deque[Any] | None = self.events  # type: ignore[assignment]
-        front = None
-        done = False
-        if events:
+        front, done = None, False
+        if events:  # the oldest is asked: done, it leaves; pending, it goes last (O(1))
             try:
                 front = events[0]  # a hint: the move checks it is still the oldest
                 done = bool(front.query())
@@ -246,7 +174,7 @@ class Buffer:
             current = _debug.checksum(self.arrays, self.n)
             in_flight = checksum is not None and checksum != current and _pending(events)
             checksum = current
-        fresh = collections.deque() if events is None else None
+        fresh: collections.deque[Any] | None = collections.deque() if events is None else None
         if not ledger.add_event(self, token, event, fresh, front, done, checksum):
             return False
         if in_flight:
@@ -258,11 +186,7 @@ class Buffer:
         return len(self.views) * VIEW_SET_BYTES
 
     def scrap(self) -> None:
-        """(freed, outside the lock) Let go of the memory and views, so they go at once.
-
-        A released handle may keep this record: then it keeps no memory, and a stale
-        reader finds an empty tensor, never the freed memory.
-        """
+        """(freed, outside the lock) Let go of memory and views: a stale reader finds nothing."""
         self.views = {}
         self.base = base = new_tensor(0, self.dtype)
         self.storage = base.untyped_storage()
@@ -289,10 +213,7 @@ def _fields(base: torch.Tensor) -> DescriptorArrays:
 
 
 def field_arrays(buffer: Buffer, n: int) -> DescriptorArrays:
-    """Numpy arrays of the first *n* entries of each field, for the holder.
-
-    Raises nothing; at ``strict`` they are made read-only when the hand-out ends.
-    """
+    """Numpy arrays of the first *n* entries of each field (read-only at ``strict``'s end)."""
     if buffer.strict:
         return _debug.guarded_arrays(buffer, n)
     src, dst, sizes = buffer.arrays

@@ -1,60 +1,36 @@
-"""The caller's side of a hand-out: `BufferHandle`.
-
-A handle owns nothing by itself.  It names one hand-out of one buffer: the buffer, and the
-token the ledger gave that hand-out.  Every call first checks that the token is still the
-buffer's, so a stale or forged handle can do nothing; releasing sets the handle's token to
-0, so a second release is refused at once.  A copy of a handle is refused.
-"""
+"""`BufferHandle`: one hand-out of a buffer, named by the ledger's token (0 once released)."""
 
 from __future__ import annotations
 
 import sys
-import typing
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
+from typing import Any, NoReturn, SupportsIndex, cast, final
 
-from bucketpool import _debug
-from bucketpool._buffer import VIEW_SET_BYTES, field_arrays
+from bucketpool import _debug, _views
+from bucketpool._buffer import VIEW_SET_BYTES, Buffer, field_arrays
 from bucketpool._errors import ReleaseError
 from bucketpool._ledger import AS_RECORDED, LEAK
 from bucketpool._lock import LATE, owned
-from bucketpool._views import (
-    CompletionEvent,
-    DescriptorArrays,
-    DescriptorBuffers,
-    IntegerInput,
-    record,
-)
-
-if TYPE_CHECKING:
-    from bucketpool._buffer import Buffer
+from bucketpool._views import CompletionEvent, DescriptorBuffers, IntegerInput, record
 
 __all__ = ["BufferHandle"]
 
 
-@typing.final
+@final
 class BufferHandle:
-    """One hand-out of a buffer: its views, its events, and the duty to release it.
+    """One hand-out of a buffer: ``with pool.acquire(n) as bufs:`` binds its views, then releases.
 
-    Use it as a context manager (``with pool.acquire(n) as bufs:``), which binds the
-    `DescriptorBuffers` and releases on exit, or call `release` yourself.  A handle dropped
-    unreleased is reported with a `LeakWarning` and its buffer goes back to the pool.
-
-    A handle is used by one thread at a time; handing it to another thread (to release it
-    there, say) is fine.  Handles cannot be copied or pickled: a copy would be a second
-    holder of the same buffer.
+    Or call `release`.  Dropped unreleased, it warns (`LeakWarning`) and its buffer goes back.
+    One thread at a time uses it; it cannot be copied or pickled (it is the buffer's holder).
     """
 
-    # A plain __slots__ class: handles are made on the hot path without calling __init__.
-    __slots__ = ("_buffer", "_n", "_pool", "_token")
+    __slots__ = ("_buffer", "_n", "_pool", "_token")  # made on the hot path, without __init__
 
-    _pool: Any  # the `bucketpool.BucketPool` that handed it out (which imports this module)
+    _pool: Any  # its `bucketpool.BucketPool` (which imports this module)
     _buffer: Buffer
     _token: int  # the hand-out's token; 0 once this handle released it
     _n: int
 
     def __init__(self) -> None:
-        """Refuse: handles come from `BucketPool.acquire`."""
         raise TypeError("a BufferHandle comes from BucketPool.acquire(n); do not build one")
 
     def __del__(self) -> None:
@@ -62,10 +38,7 @@ class BufferHandle:
             token = self._token
         except AttributeError:  # never handed out
             return
-        if token <= 0:  # released (the common case: nothing more to read)
-            return
-        buffer = self._buffer
-        if buffer.token == token:  # dropped while it held the buffer: from here on, the pool's
+        if token > 0 and (buffer := self._buffer).token == token:  # dropped while it held it
             buffer.bucket.inbox.append((buffer, token, LEAK, buffer.views_cost()))
             if owned():  # never wait for the lock from inside it: the move's caller drains
                 LATE.append(self._pool._self_ref)
@@ -90,10 +63,8 @@ class BufferHandle:
     @property
     def acquired_at(self) -> str | None:
         """Where the handle was acquired, when the pool traces (``trace`` or a debug level)."""
-        buffer = self._buffer
-        if self.released or buffer.site is None:
-            return None
-        return _debug.format_site(buffer.site)
+        site = cast("_debug.Site", self._buffer.site)
+        return None if self.released or site is None else _debug.format_site(site)
 
     @property
     def buffers(self) -> DescriptorBuffers:
@@ -105,7 +76,7 @@ class BufferHandle:
         return self._live("buffers").views_for(self._n)
 
     @property
-    def arrays(self) -> DescriptorArrays:
+    def arrays(self) -> _views.DescriptorArrays:
         """The three fields as length-``n`` numpy arrays sharing memory with the views.
 
         Raises:
@@ -125,20 +96,8 @@ class BufferHandle:
             return views
         return buffer.views_for(self._n)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Release the handle, also when the block raised (the exception propagates).
-
-        The handle's one release path: its events are asked (``query()``, user code), then
-        the pool takes the buffer back before this returns: parked if an event is pending,
-        else cached, or freed if the caps do not keep it.  (From a finaliser or signal
-        handler that interrupted this thread inside the pool, the buffer is queued instead,
-        and taken back as soon as that thread leaves the pool.)  A block's exception keeps
-        precedence: what went wrong in the release is noted on it.
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Release the handle, as `release` does; a block's exception keeps precedence.
 
         Raises:
             ReleaseError: the block released the handle itself and did not raise.
@@ -154,8 +113,7 @@ class BufferHandle:
         pool = self._pool
         seen = buffer.recorded  # first: an event recorded after this makes the move refuse
         if exc is None and not buffer.events and not pool._watching and not owned():
-            # The common release (no event, no exception, no tracing): one move.
-            views = len(buffer.views) * VIEW_SET_BYTES  # what its view sets count
+            views = len(buffer.views) * VIEW_SET_BYTES
             if pool._ledger.give_back(buffer, token, None, views, seen):
                 self._token = 0
                 if LATE:  # a finaliser that ran inside the move queued a release
@@ -164,16 +122,12 @@ class BufferHandle:
         error: BaseException | None = None
         try:
             if exc is not None:
-                # A torch op that raised may have changed a view without counting the change
-                # (a failed resize_ or out=): the next hand-out checks every view set.
-                buffer.version = -2
+                buffer.version = -2  # a failed torch op may have changed a view uncounted
             if pool._watching:
                 buffer.released_at = _debug.site(pool._full_stack)
-            views = len(buffer.views) * VIEW_SET_BYTES  # what its view sets count
+            views = len(buffer.views) * VIEW_SET_BYTES
             while True:  # again if an event is recorded meanwhile (by a query(), a thread)
-                seen = buffer.recorded
-                events = buffer.events
-                pending = None
+                seen, events, pending = buffer.recorded, buffer.events, None
                 if events:
                     try:  # a copy: a query() (or a thread) may record more meanwhile
                         asked = tuple(events)
@@ -187,7 +141,7 @@ class BufferHandle:
                     except BaseException as caught:  # user code: the buffer stays parked
                         pending, error = list(asked), caught
                     if buffer.recorded != seen:  # a query() recorded more: pending, unasked
-                        seen = buffer.recorded  # first: a later one makes the move refuse
+                        seen = buffer.recorded
                         ids = {id(event) for event in asked}
                         pending += [event for event in _copy(buffer.events) if id(event) not in ids]
                     pending = pending or None
@@ -196,9 +150,6 @@ class BufferHandle:
                             raise error
                         self.__exit__(exc_type, exc, tb)  # refuses, as any released handle
                         return
-                # The move that takes the buffer back checks the token and *seen*: a late
-                # second release from another thread, or a record that raced this one,
-                # changes nothing of the next hand-out's.
                 if owned():  # a finaliser or handler that interrupted a move: queued
                     self._token = 0  # from here to the append no signal handler can run
                     try:  # it parks on every event recorded by the time it is taken back
@@ -210,13 +161,10 @@ class BufferHandle:
                     break
                 given = pool._ledger.give_back(buffer, token, pending, views, seen)
                 if given:
-                    self._token = 0  # cached or parked: the common case, in one move
+                    self._token = 0
                     break
                 if given is None:
                     continue
-                # Taken back at once (parked, cached or freed: a cap frees it before this
-                # returns), then the handle lets go: a signal between the two finds the
-                # hand-out over all the same (the buffer's token moved on).
                 taken = pool._take_back((buffer, token, pending, views), seen)
                 if taken is None:
                     continue
@@ -231,20 +179,14 @@ class BufferHandle:
                     raise error
                 _add_note(exc, f"bucketpool: releasing at the end of the with block: {error!r}")
         finally:
-            # Kept past this frame, the error's traceback (which holds this frame) would
-            # keep this frame's locals alive, and theirs: a cycle only the collector breaks.
-            error = None
+            error = None  # its traceback holds this frame: a cycle only the collector breaks
 
     def release(self) -> None:
-        """Give the buffer back to the pool.
-
-        If an event recorded with `record_event` has not completed, the buffer is parked:
-        it is not handed out again until every recorded event reports done.  Thread-safe.
+        """Give the buffer back; parked until every `record_event` event is done.  Thread-safe.
 
         Raises:
             ReleaseError: the handle was already released; nothing changes.
-            BaseException: whatever an event's ``query()`` raised; the release took effect
-                and the buffer stays parked until the event reports done.
+            BaseException: what an event's ``query()`` raised; released all the same (parked).
         """
         self._live("release")
         self.__exit__(None, None, None)
@@ -281,32 +223,27 @@ class BufferHandle:
         coalesce: bool = True,
     ) -> int:
         """Write copies of whole blocks; see `DescriptorBuffers.add_block_copies`."""
-        return self._live("add_block_copies").views_for(self._n).add_block_copies(
-            *(first, src_base, dst_base, src_blocks, dst_blocks, block_bytes),
-            total_bytes=total_bytes,
-            coalesce=coalesce,
+        views = self._live("add_block_copies").views_for(self._n)
+        args = (first, src_base, dst_base, src_blocks, dst_blocks, block_bytes)
+        return views.add_block_copies(*args, total_bytes=total_bytes, coalesce=coalesce)
+
+    def _no_copy(self, *args: object) -> NoReturn:
+        raise TypeError(
+            "a BufferHandle cannot be copied or pickled: it is the one holder of its buffer. "
+            "Pass the handle itself, or copy the data out of its views (tensor.clone())"
         )
 
-    def __copy__(self) -> NoReturn:
-        raise TypeError(_NO_COPY)
-
-    def __deepcopy__(self, memo: object) -> NoReturn:
-        raise TypeError(_NO_COPY)
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
-        raise TypeError(_NO_COPY)
+    __copy__ = __deepcopy__ = __reduce_ex__ = _no_copy
 
     def __repr__(self) -> str:
         if not hasattr(self, "_buffer"):  # made with object.__new__, never handed out
             return "<BufferHandle never handed out>"
         state = "released" if self.released else "live"
-        where = self.acquired_at
-        at = "" if where is None else f" acquired at {where}"
+        at = "" if (where := self.acquired_at) is None else f" acquired at {where}"
         return f"<BufferHandle n={self.n} capacity={self.capacity} {state}{at}>"
 
     def _live(self, operation: str) -> Buffer:
-        buffer = self._buffer
-        token = self._token
+        buffer, token = self._buffer, self._token
         if token <= 0 or buffer.token != token:
             self._refuse(operation)
         return buffer
@@ -315,28 +252,18 @@ class BufferHandle:
         raise ReleaseError(self._released_message(operation))
 
     def _released_message(self, operation: str) -> str:
-        return (
-            f"{operation}: this handle (n={self._n}, capacity {self.capacity}) was already "
-            "released; acquire a new handle instead"
-        )
-
-
-_NO_COPY = (
-    "a BufferHandle cannot be copied or pickled: it is the one holder of its buffer. "
-    "Pass the handle itself, or copy the data out of its views (tensor.clone())"
-)
+        what = f"this handle (n={self._n}, capacity {self.capacity})"
+        return f"{operation}: {what} was already released; acquire a new handle instead"
 
 
 def _copy(events: Any) -> tuple[CompletionEvent, ...]:
-    """A copy of a hand-out's events, which another thread's record may change meanwhile."""
     while True:
         try:
             return tuple(events or ())
-        except RuntimeError:  # changed while copied (deque mutated during iteration): again
+        except RuntimeError:  # another thread's record changed it while copied: again
             continue
 
 
 def _add_note(exc: BaseException, note: str) -> None:
-    """`BaseException.add_note` (3.11 and later; on 3.10 the note is dropped)."""
-    if sys.version_info >= (3, 11):
+    if sys.version_info >= (3, 11):  # (3.10 has no notes)
         exc.add_note(note)

@@ -1,19 +1,10 @@
-"""Reading a fill's inputs: the only place a fill runs user code, and every check it makes.
-
-A fill reads its arguments here (``__index__``, ``__len__``, ``__iter__``, a tensor's
-``numpy()``, an ndarray subclass's methods run here and only here) into a plan: ``first``,
-``k`` and three columns in the pool's dtype -- base-class numpy arrays, or one int for the
-sizes -- so that nothing can run between the hand-out's check and the write
-(`bucketpool._views`).  Block copies are planned here in full: their columns are new
-arrays, computed in int64 arithmetic, which wraps mod 2**64 and so gives the addresses'
-bits for int64 and uint64 alike.
-"""
+"""A fill's inputs read and checked into a `Plan`: the only place a fill runs user code."""
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any, SupportsIndex
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,15 +15,12 @@ __all__ = ["MAX_ADDRESS", "MAX_BYTES", "Plan", "as_integer", "read_block_copies"
 MAX_ADDRESS = (1 << 64) - 1
 MAX_BYTES = (1 << 63) - 1
 IntArray = npt.NDArray[np.integer[Any]]
-#: ``(first, k, sources, destinations, sizes)``: *k* checked copies from entry *first* on,
-#: columns in the pool's dtype; sizes may be one int for every copy.
+#: ``(first, k, sources, destinations, sizes)``: columns of the pool's dtype; sizes may be an int.
 Plan = tuple[int, int, IntArray, IntArray, "IntArray | int"]
 
 _I64 = np.dtype(np.int64)
-_U64 = np.dtype(np.uint64)
 _ACCEPTED = "a 1-D numpy integer array, a CPU integer tensor or a sequence of ints"
-#: Items numpy reads as ints in a list that are not ints (a 0-d array may hold a bool).
-_SUSPECT = frozenset((bool, np.bool_, np.ndarray))
+_SUSPECT = frozenset((bool, np.bool_, np.ndarray))  # list items numpy may read as ints
 
 
 def as_integer(value: object, name: str, op: str) -> int:
@@ -51,17 +39,11 @@ def as_integer(value: object, name: str, op: str) -> int:
 
 
 def read_copies(
-    first: SupportsIndex,
-    sources: object,
-    destinations: object,
-    byte_counts: object,
-    dtype: np.dtype[Any],
+    first: object, sources: object, destinations: object, byte_counts: object, dtype: np.dtype[Any]
 ) -> Plan:
-    """Read and check `DescriptorBuffers.add_copies`' arguments for columns of *dtype*.
-
-    Every check but the span's (which needs the hand-out) is made here.
-    """
-    start = first if type(first) is int else as_integer(first, "first", "add_copies")
+    """Read and check `DescriptorBuffers.add_copies`' arguments (all but the span's checks)."""
+    op = "add_copies"
+    start = first if type(first) is int else as_integer(first, "first", op)
     src = _addresses(sources, "sources", dtype)
     dst = _addresses(destinations, "destinations", dtype)
     k = len(src)
@@ -72,14 +54,11 @@ def read_copies(
         )
     if type(byte_counts) is int or isinstance(byte_counts, (int, np.integer)):
         count = (
-            byte_counts
-            if type(byte_counts) is int
-            else as_integer(byte_counts, "byte_counts", "add_copies")
+            byte_counts if type(byte_counts) is int else as_integer(byte_counts, "byte_counts", op)
         )
         if not 0 <= count <= MAX_BYTES:
             raise ValueError(
-                "add_copies: byte_counts must be a byte count in 0..2**63-1, got "
-                f"byte_counts={count}"
+                f"{op}: byte_counts must be a byte count in 0..2**63-1, got byte_counts={count}"
             )
         return start, k, src, dst, count
     counts = _to_array(byte_counts, "byte_counts")
@@ -99,9 +78,8 @@ def read_copies(
 
 
 def _addresses(values: object, name: str, dtype: np.dtype[Any]) -> IntArray:
-    """*values* as 64-bit patterns in *dtype*: 64-bit input as is, narrower ones >= 0."""
     arr = _to_array(values, name)
-    if arr.dtype.itemsize == 8:  # int64 input is taken as a bit pattern: reinterpreted
+    if arr.dtype.itemsize == 8:  # 64-bit input is taken as a bit pattern (narrower ones >= 0)
         return arr if arr.dtype is dtype else arr.view(dtype)
     if arr.dtype.kind == "i":
         _check_non_negative(arr, name)
@@ -117,8 +95,7 @@ def _to_array(values: object, name: str) -> IntArray:
         try:  # a float, a numpy scalar or a str makes the total no int: checked below
             if type(sum(values)) is int:
                 arr: npt.NDArray[Any] = np.fromiter(values, _I64, len(values))
-                # No negative, and no 0 or 1 (a bool reads as one): else checked below.
-                if not len(arr) or arr.item(arr.argmin()) > 1:
+                if not len(arr) or arr.item(arr.argmin()) > 1:  # no negative, no bool
                     return arr
         except (TypeError, ValueError, OverflowError):
             pass
@@ -142,11 +119,9 @@ def _to_array(values: object, name: str) -> IntArray:
             arr = np.asarray(items)
         except (TypeError, ValueError, OverflowError):
             raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}") from None
-        if (arr.dtype.kind in "fO" and arr.ndim == 1) or (
+        if (arr.dtype.kind in "fO" and arr.ndim == 1) or (  # ints past 2**63 mixed in, or bools
             arr.dtype.kind in "iu" and not _SUSPECT.isdisjoint(map(type, items))
         ):
-            # Ints past 2**63 mixed with others read as floats (inexact) or objects, and
-            # bools read as ints: read item by item, or refused.
             arr = _python_ints(items, name)
     else:
         raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}")
@@ -185,26 +160,11 @@ def _check_non_negative(arr: IntArray, name: str) -> None:
         raise ValueError(f"{name}[{i}] = {arr[i]} is negative; {name} must be >= 0")
 
 
-# -- block copies ---------------------------------------------------------------------------
-
-
 def read_block_copies(
-    first: SupportsIndex,
-    src_base: SupportsIndex,
-    dst_base: SupportsIndex,
-    src_blocks: object,
-    dst_blocks: object,
-    block_bytes: SupportsIndex,
-    total_bytes: SupportsIndex | None,
-    coalesce: object,
-    dtype: np.dtype[Any],
+    args: tuple[object, ...], total_bytes: object, coalesce: object, dtype: np.dtype[Any]
 ) -> Plan:
-    """Read and check `DescriptorBuffers.add_block_copies`' arguments; plan its descriptors.
-
-    With *coalesce*, each run whose source and destination indices both step by one
-    becomes one descriptor.  Every offset is checked below 2**63 and every region inside
-    the 64-bit address space.
-    """
+    """Read and check `DescriptorBuffers.add_block_copies`' arguments; plan in int64 (mod 2**64)."""
+    first, src_base, dst_base, src_blocks, dst_blocks, block_bytes = args
     op = "add_block_copies"
     if not isinstance(coalesce, (bool, np.bool_)):  # a string or a count would read as true
         raise TypeError(f"{op}: coalesce must be True or False, got {coalesce!r}")
@@ -221,8 +181,7 @@ def read_block_copies(
             f"{op}: block_bytes must be in 1..2**63-1, got block_bytes={step}; pass the size "
             "of one block in bytes"
         )
-    src = _to_array(src_blocks, "src_blocks")
-    dst = _to_array(dst_blocks, "dst_blocks")
+    src, dst = _to_array(src_blocks, "src_blocks"), _to_array(dst_blocks, "dst_blocks")
     count = len(src)
     if len(dst) != count:
         raise ValueError(
@@ -262,7 +221,6 @@ def read_block_copies(
 
 
 def _check_blocks(indices: IntArray, name: str, base: int, step: int) -> npt.NDArray[np.int64]:
-    """Check block *indices* >= 0 with their region inside the address space; as int64."""
     dtype = indices.dtype
     unsigned = indices if dtype.kind == "u" else indices.view(f"u{dtype.itemsize}")
     top = int(unsigned.item(unsigned.argmax()))  # a negative one reads as the largest

@@ -1,18 +1,8 @@
 """The ledger: where every buffer of a pool is, the counters, and the moves between places.
 
-A buffer is, at every moment, in exactly one place, and its ``token`` says which: cached
-(0, in its bucket's free list), held (> 0, the hand-out's; its handle carries the same
-token), parked (minus the hand-out's, with a record in the parking queues until its events
-are done), returning (in its bucket's inbox, to be taken back by `settle`), or freed.
-Every change of place is a *move*: one method below, one locked section of straight-line
-code that calls nothing (docs/design.md, "The locking rule").  A token is never used
-twice, so a mismatch is final: a stale, copied or forged holder moves nothing.
-
-Parking records are ``[buffer, events, tick]``, spent (buffer None) by the move that
-retires or hands out the buffer, once: whoever holds a copy of a spent record can move
-nothing with it.  New records join the *young* queue; one still parked long after moves
-to the *old* queue (`bucketpool._parking`).  Counters that `stats()` can derive are not
-kept; peaks are exact.
+A buffer's ``token`` says where it is: cached (0), held (> 0), parked (< 0), returning (in
+its bucket's inbox) or freed.  Each change of place is a *move*: one locked section that
+calls nothing (docs/design.md, "A buffer's life", "The locking rule").
 """
 
 from __future__ import annotations
@@ -27,46 +17,28 @@ from bucketpool._views import CompletionEvent
 
 __all__ = ["AS_RECORDED", "CACHE", "DROPPED", "EMPTY", "LEAK", "SETTLE", "SWEEP", "Entry", "Ledger"]
 
-# What `serve` says: it could not serve, as the bucket's inbox has something to settle
-# first, or it has nothing cached; it served, and the idle sweep is due.  CACHE: the
-# holder of a buffer to cache (`reserve`).
-SETTLE: Final = 1
-EMPTY: Final = 2
-SWEEP: Final = 4
-CACHE: Final = "cache"
-#: What a dropped holder's finaliser queues in place of pending events.
-LEAK: Final = "leak"
-#: What a release queued from inside a move parks on: every event recorded by then.
-AS_RECORDED: Final = "as recorded"
-#: `Ledger.young_front` and `Ledger.old_front` dropped or moved a record: ask again.
-DROPPED: Final = "dropped"
-#: An inbox entry: the buffer, the hand-out's token (minus it for a parked buffer whose
-#: events are done), the events still pending (or None, `LEAK`, `AS_RECORDED`), and the
-#: bytes of the views it keeps (`Buffer.views_cost`).
+#: What `serve` says: settle the inbox first; nothing cached; served, and the sweep is due.
+SETTLE, EMPTY, SWEEP = 1, 2, 4
+CACHE: Final = "cache"  # the holder of a buffer `reserve` caches
+LEAK: Final = "leak"  # queued by a dropped holder's finaliser in place of its events
+AS_RECORDED: Final = "as recorded"  # a release queued in a move: parks on every event so far
+DROPPED: Final = "dropped"  # `young_front`/`old_front` dropped or moved a record: ask again
+#: An inbox entry: buffer, token (< 0: parked), pending events (or a marker), views' bytes.
 Entry = tuple[Buffer, int, "list[Any] | str | None", int]
-#: One parking of a buffer: ``[buffer, events, tick]``; spent when the buffer is None.
-Parking = list[Any]
-#: A leak, as `settle` saw it: the hand-out's n, the acquire's code and instruction (its
-#: complement when a compat adapter handed it out), the site.
-Leak = tuple[int, object, int, object]
-#: What `settle` did: the buffer, the outcome, the leak, the in-flight problem.
-Settled = tuple["Buffer | None", str, "Leak | None", "str | None"]
-_NOTHING: Final = (None, "nothing", None, None)
-#: The ledger's totals, in the order `Ledger.snapshot` copies them.
-TOTALS = (
-    *("active", "active_peak", "active_bytes", "active_bytes_peak"),
-    *("allocations", "allocations_peak", "allocated_bytes", "allocated_bytes_peak"),
-    *("allocations_total", "allocated_bytes_total", "parked_bytes", "requested", "leaks"),
-    *("tick", "view_bytes"),
+Parking = list[Any]  # one parking: ``[buffer, events, tick]``, spent once its buffer is None
+Leak = tuple[int, object, int, object]  # n, the acquire's code, lasti (~: an adapter's), site
+TOTALS = (  # the ledger's totals, in the order `Ledger.snapshot` copies them
+    *("active", "active_peak", "active_bytes", "active_bytes_peak", "allocations"),
+    *("allocations_peak", "allocated_bytes", "allocated_bytes_peak", "allocations_total"),
+    *("allocated_bytes_total", "parked_bytes", "requested", "leaks", "tick", "view_bytes"),
 )
 
 
 class Ledger:
     """The records of one pool's buffers.  Every field is guarded by the lock."""
 
-    # A plain __slots__ class: attrs' hooks would cost time on every move.
-    __slots__ = (
-        *TOTALS,  # the counters, then the records and the settings
+    __slots__ = (  # plain slots: attrs' hooks would cost time on every move
+        *TOTALS,
         *("allocated", "buckets", "cached", "max_cached_bytes", "misses", "old", "old_changes"),
         *("max_cached_per_bucket", "next_sweep", "parked", "plain"),
         *("__weakref__", "registry", "sweep_every", "takes", "verify", "young"),
@@ -80,30 +52,21 @@ class Ledger:
         sweep_every: int,
         verify: Callable[[Buffer, int, bool], str | None] | None,
     ) -> None:
-        count = max_capacity.bit_length()
-        self.buckets = [Bucket(k) for k in range(count)]
+        self.buckets = [Bucket(k) for k in range(max_capacity.bit_length())]
         self.registry: dict[Buffer, None] = {}  # every buffer not freed (outstanding())
         self.young: collections.deque[Parking] = collections.deque()  # parking order
         self.old: collections.deque[Parking] = collections.deque()  # asked in turn
-        self.old_changes = 0  # moves that changed `old` (`compact_old` needs none since)
-        self.max_cached_bytes = max_cached_bytes
-        self.max_cached_per_bucket = max_cached_per_bucket
-        self.sweep_every = sweep_every
-        self.next_sweep = sweep_every
-        #: The debug levels' check of a buffer taken back (run inside `settle`), or None.
-        self.verify = verify
-        self.plain = verify is None
-        # Per bucket, indexed like `buckets`, so that a snapshot is a few slices.
-        self.takes, self.misses, self.allocated, self.cached, self.parked = (
-            [0] * count for _ in range(5)
+        self.max_cached_bytes, self.max_cached_per_bucket = max_cached_bytes, max_cached_per_bucket
+        self.sweep_every = self.next_sweep = sweep_every
+        self.verify, self.plain = verify, verify is None  # the debug levels' check, or None
+        self.takes, self.misses, self.allocated, self.cached, self.parked = (  # per bucket
+            [0] * len(self.buckets) for _ in range(5)
         )
-        self.tick = 0  # hand-outs so far: the last token given
         self.active = self.active_peak = self.active_bytes = self.active_bytes_peak = 0
-        self.allocations = self.allocations_peak = 0
-        self.allocated_bytes = self.allocated_bytes_peak = 0
-        self.allocations_total = self.allocated_bytes_total = 0  # freed: these less current
-        self.parked_bytes = self.requested = self.leaks = 0
-        self.view_bytes = 0  # of the view sets idle buffers keep (each its `view_bytes`)
+        self.allocations = self.allocations_peak = self.allocations_total = 0
+        self.allocated_bytes = self.allocated_bytes_peak = self.allocated_bytes_total = 0
+        self.parked_bytes = self.requested = self.leaks = self.view_bytes = 0
+        self.tick = self.old_changes = 0  # hand-outs so far; moves that changed `old`
 
     def serve(
         self,
@@ -116,37 +79,31 @@ class Ledger:
         parked: Parking | None = None,
         index: int = 0,
     ) -> object:
-        """Hand a buffer of *bucket* to *holder* (a `BufferHandle`): bind it, with its token.
-
-        The record *parked*'s (events done, at *index* of the young queue), else *fresh*
-        (cached if *holder* is `CACHE`), else the newest cached.  Returns the holder,
-        `SWEEP`, or, having moved nothing, `SETTLE` or `EMPTY`.
-        """
+        """Hand *parked*'s buffer, else *fresh*, else the newest cached, to *holder*."""
         k = bucket.index
         with LOCK:
             if parked is not None:
                 buffer = parked[0]
                 if buffer is None or buffer.bucket is not bucket or not self.plain:
-                    return EMPTY  # spent by another thread since (or not ours to take)
+                    return EMPTY  # spent since (or not ours to take)
                 parked[0] = parked[1] = None
                 try:
                     if self.young[index] is parked:
                         del self.young[index]
-                except IndexError:  # the queue moved on meanwhile: dropped at the front
+                except IndexError:  # dropped at the front meanwhile
                     pass
                 self.parked[k] -= 1
                 self.parked_bytes -= bucket.nbytes
                 self.view_bytes -= buffer.view_bytes
                 buffer.events = None
             elif fresh is not None:
-                buffer = fresh
-                nbytes = bucket.nbytes
+                buffer, nbytes = fresh, bucket.nbytes
                 if holder is CACHE and (
                     self.cached[k] >= self.max_cached_per_bucket
                     or self.allocated_bytes - self.active_bytes + nbytes + self.view_bytes
                     > self.max_cached_bytes
                 ):
-                    return EMPTY  # a reservation the caps no longer keep (threads raced)
+                    return EMPTY  # the caps no longer keep it (threads raced)
                 self.registry[buffer] = None
                 self.allocated[k] += 1
                 self.allocations = allocations = self.allocations + 1
@@ -158,13 +115,13 @@ class Ledger:
                 self.allocations_total += 1
                 self.allocated_bytes_total += nbytes
                 if holder is CACHE:
-                    bucket.last_tick = self.tick  # just used: idle trimming leaves it be
+                    bucket.last_tick = self.tick  # idle trimming leaves it be
                     bucket.free += (buffer,)
                     self.cached[k] += 1
                     return CACHE
                 self.misses[k] += 1
             elif bucket.inbox:
-                return SETTLE  # what waits there first: it may be this bucket's only buffer
+                return SETTLE  # it may be this bucket's only buffer
             else:
                 free = bucket.free
                 if not free:
@@ -179,16 +136,12 @@ class Ledger:
             self.active_bytes = live = self.active_bytes + bucket.nbytes
             if live > self.active_bytes_peak:
                 self.active_bytes_peak = live
-            self.tick = token = self.tick + 1
-            bucket.last_tick = token
+            self.tick = token = bucket.last_tick = self.tick + 1
             self.takes[k] += 1
             self.requested += n
-            buffer.token = token
-            buffer.n = n
-            buffer.code = code
-            buffer.lasti = lasti
-            holder._buffer = buffer  # type: ignore[attr-defined]
-            holder._token = token  # type: ignore[attr-defined]
+            buffer.token, buffer.n = token, n
+            buffer.code, buffer.lasti = code, lasti
+            holder._buffer, holder._token = buffer, token  # type: ignore[attr-defined]
             if token >= self.next_sweep:
                 self.next_sweep = token + self.sweep_every
                 return SWEEP
@@ -202,11 +155,7 @@ class Ledger:
         cost: int,
         seen: int,
     ) -> bool | None:
-        """Held -> cached, or parked on *pending*: a release at ``"off"`` the caps keep.
-
-        None (nothing moved) if an event was recorded since the releaser saw *seen*
-        (`Buffer.recorded`); False where `settle` has more to do.
-        """
+        """Held -> cached or parked; None: an event was recorded since *seen*; False: `settle`'s."""
         bucket = buffer.bucket
         k = bucket.index
         with LOCK:
@@ -222,39 +171,30 @@ class Ledger:
                 > self.max_cached_bytes
             ):
                 return False
-            self.active -= 1
-            self.active_bytes = active_bytes
-            buffer.view_bytes = cost  # its views' bytes (*cost*), counted while it is idle
+            self.active, self.active_bytes = self.active - 1, active_bytes
+            buffer.view_bytes = cost  # counted while it is idle
             self.view_bytes += cost
             if pending:
-                buffer.token = -token
-                buffer.events = pending
+                buffer.token, buffer.events = -token, pending
                 self.young += ([buffer, pending, self.tick],)
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
             else:
-                buffer.token = 0
-                buffer.events = None
+                buffer.token, buffer.events = 0, None
                 bucket.free += (buffer,)
                 self.cached[k] += 1
             return True
 
     def settle(
         self, bucket: Bucket, force: bool = False, entry: Entry | None = None, seen: int = -1
-    ) -> Settled:
-        """Take back *entry*, else the oldest of *bucket*'s inbox: park, cache or free it.
-
-        Parked if events are pending, else cached if the caps keep it, else freed; the
-        debug levels' `verify` runs first.  Returns the buffer, the outcome, the leak, the
-        problem.  Nothing moves on ``"crowded"`` (the caller makes room, then *force*) or
-        ``"recorded"`` (as `give_back`'s None, for *seen* other than -1).
-        """
+    ) -> tuple[Buffer | None, str, Leak | None, str | None]:
+        """Take back *entry*, else *bucket*'s oldest queued: park, cache or free it."""
         k = bucket.index
         with LOCK:
             inbox = bucket.inbox
             if entry is None:
                 if not inbox:
-                    return _NOTHING
+                    return (None, "nothing", None, None)
                 queued = inbox[0]
             else:
                 queued = entry
@@ -262,7 +202,7 @@ class Ledger:
             if buffer.token != token:
                 if entry is None:
                     del inbox[0]
-                return _NOTHING
+                return (None, "nothing", None, None)
             if seen != -1 and buffer.recorded != seen:
                 return (None, "recorded", None, None)
             leaked = state is LEAK
@@ -271,7 +211,6 @@ class Ledger:
             )
             nbytes = bucket.nbytes
             parked = self.parked_bytes - nbytes if token < 0 else self.parked_bytes
-            # The view sets of every idle buffer, this one's included (a parked one's are).
             views = self.view_bytes + cost if token > 0 else self.view_bytes
             cached = self.cached[k]
             keep = (
@@ -286,24 +225,21 @@ class Ledger:
                 if not force:
                     return (buffer, "crowded", None, None)
                 keep = False
-            problem = None
-            if self.verify is not None:
-                problem = self.verify(buffer, token, not events)
+            problem = None if self.verify is None else self.verify(buffer, token, not events)
             if entry is None:
                 del inbox[0]
             leak = None
-            if token > 0:  # a hand-out ends (a dropped holder's views, too)
+            if token > 0:  # a hand-out ends
                 self.active -= 1
                 self.active_bytes -= nbytes
                 if leaked:
                     self.leaks += 1
                     leak = (buffer.n, buffer.code, buffer.lasti, buffer.site)
-            else:  # a parked buffer retires: its events are done
+            else:  # a parked buffer retires
                 self.parked[k] -= 1
                 self.parked_bytes = parked
             if events:
-                buffer.token = -token
-                buffer.events = events  # type: ignore[assignment]
+                buffer.token, buffer.events = -token, events
                 self.young += ([buffer, events, self.tick],)
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
@@ -314,8 +250,7 @@ class Ledger:
                 self.cached[k] = cached + 1
                 outcome = "cached"
             else:
-                buffer.token = 0
-                buffer.events = None
+                buffer.token, buffer.events = 0, None
                 del self.registry[buffer]
                 self.allocated[k] -= 1
                 self.allocations -= 1
@@ -327,24 +262,19 @@ class Ledger:
             self.view_bytes = views
         return (buffer, outcome, leak, problem)
 
-    def uncache(self, bucket: Bucket, newest: bool, limit: int | None) -> Buffer | None:
-        """Free *bucket*'s newest (or oldest) cached one past *limit* idle bytes; return it.
-
-        *limit* None: the byte cap less parked bytes; -1: any.  The caller scraps it.
-        """
+    def uncache(self, bucket: Bucket, limit: int | None) -> Buffer | None:
+        """Free *bucket*'s oldest cached buffer if idle bytes are over *limit* (None: the cap)."""
         k = bucket.index
         with LOCK:
             if not self.cached[k]:
                 return None
-            cached_bytes = self.allocated_bytes - self.active_bytes - self.parked_bytes
             if limit is None:
                 limit = self.max_cached_bytes - self.parked_bytes
-            if cached_bytes + self.view_bytes <= limit:
+            idle = self.allocated_bytes - self.active_bytes - self.parked_bytes + self.view_bytes
+            if idle <= limit:
                 return None
-            free = bucket.free
-            end = -1 if newest else 0
-            buffer = free[end]
-            del free[end]
+            buffer = bucket.free[0]
+            del bucket.free[0]
             self.cached[k] -= 1
             self.view_bytes -= buffer.view_bytes
             del self.registry[buffer]
@@ -354,17 +284,13 @@ class Ledger:
         return buffer
 
     def retire(self, record: Parking, index: int = 0) -> Bucket | None:
-        """Parked -> cached (or returning, for `settle`): spend *record*, its events done.
-
-        Drops it from the young queue if at *index* there.  Returns the buffer's bucket, or
-        None if the record was spent already.
-        """
+        """Parked -> cached (or returning): spend *record*; its bucket, or None if spent."""
         with LOCK:
             buffer: Buffer | None = record[0]
             try:
                 if self.young[index] is record:
                     del self.young[index]
-            except IndexError:  # the queue moved on meanwhile: dropped at the front
+            except IndexError:  # dropped at the front meanwhile
                 pass
             if buffer is None:
                 return None
@@ -377,65 +303,52 @@ class Ledger:
                 and self.allocated_bytes - self.active_bytes + self.view_bytes
                 <= self.max_cached_bytes
             ):
-                # Parked -> cached at once: idle bytes, parked and cached, stay as they
-                # were, and within the cap.  The rest (a cap to make room for) is `settle`'s.
-                self.parked[k] -= 1
+                self.parked[k] -= 1  # idle bytes stay as they were, within the cap
                 self.parked_bytes -= bucket.nbytes
-                buffer.token = 0
-                buffer.events = None
+                buffer.token, buffer.events = 0, None
                 bucket.free += (buffer,)
                 self.cached[k] += 1
             else:
                 bucket.inbox += ((buffer, buffer.token, None, buffer.view_bytes),)
             return bucket
 
-    # -- the parking queues: these moves only reorder and drop records ---------------------
-
     def young_front(self, oldest: int) -> Parking | str | None:
-        """The oldest young record, None if none; `DROPPED` (ask again) if the front was
-        spent (dropped) or parked before tick *oldest* (moved to the old queue).
-        """
+        """The oldest young record; `DROPPED` if it was spent or older than *oldest* (moved)."""
         with LOCK:
-            young = self.young
-            if not young:
+            if not self.young:
                 return None
-            record = young[0]
+            record = self.young[0]
             if record[0] is not None and record[2] >= oldest:
                 return record
-            del young[0]
+            del self.young[0]
             if record[0] is not None:
                 self.old += (record,)
                 self.old_changes += 1
             return DROPPED
 
     def old_front(self) -> Parking | str | None:
-        """Move the old queue's front record to its back and return it (None: empty);
-        a spent one is dropped instead (`DROPPED`).
-        """
+        """Move the old queue's front record to its back and return it; a spent one: `DROPPED`."""
         with LOCK:
-            old = self.old
-            if not old:
+            if not self.old:
                 return None
-            record = old[0]
-            del old[0]
+            record = self.old[0]
+            del self.old[0]
             self.old_changes += 1
             if record[0] is None:
                 return DROPPED
-            old += (record,)
+            self.old += (record,)
             return record
 
     def parked_records(self) -> tuple[list[Parking], list[Parking], int]:
-        """Copies of both queues, and `old_changes`, in one locked section."""
         with LOCK:
             return [*self.young], [*self.old], self.old_changes
 
     def compact_old(self, live: collections.deque[Parking], seen: int) -> bool:
-        """Make *live* (the old queue less spent records) the old queue, if unchanged since."""
+        """Make *live* (less spent records) the old queue, if unchanged since *seen*."""
         with LOCK:
             if self.old_changes != seen:
                 return False
-            self.old = live
-            self.old_changes = seen + 1
+            self.old, self.old_changes = live, seen + 1
             return True
 
     def add_event(
@@ -448,10 +361,7 @@ class Ledger:
         done: bool,
         checksum: int | None,
     ) -> bool:
-        """(`_parking.record`) Add *event* to hand-out *token*'s events, or False if over.
-
-        *fresh*: their deque if none yet; the oldest, *front*, leaves if *done*, else goes last.
-        """
+        """Add *event* to *token*'s events (*front* leaves if *done*, else goes last), or False."""
         with LOCK:
             if token <= 0 or buffer.token != token:
                 return False
@@ -468,25 +378,22 @@ class Ledger:
             return True
 
     def reset_peaks(self) -> None:
-        """Set every peak to its current value."""
         with LOCK:
-            self.active_peak = self.active
-            self.active_bytes_peak = self.active_bytes
+            self.active_peak, self.active_bytes_peak = self.active, self.active_bytes
             self.allocations_peak = self.allocations
             self.allocated_bytes_peak = self.allocated_bytes
 
     def snapshot(self) -> tuple[list[int] | tuple[int, ...], ...]:
         """Copy the counters: per-bucket lists, then `TOTALS`, in one locked section."""
-        with LOCK:  # slices and loads: no call, so no signal handler runs in here
+        with LOCK:
             counts = (self.takes[:], self.misses[:], self.allocated[:], self.cached[:])
             active = (self.active, self.active_peak, self.active_bytes, self.active_bytes_peak)
             allocated = (self.allocations, self.allocations_peak, self.allocated_bytes)
-            totals = (self.allocated_bytes_peak, self.allocations_total)
-            more = (self.allocated_bytes_total, self.parked_bytes, self.requested)
-            every = (*active, *allocated, *totals, *more, self.leaks, self.tick, self.view_bytes)
-            return (*counts, self.parked[:], every)
+            totals = (self.allocated_bytes_peak, self.allocations_total, self.allocated_bytes_total)
+            more = (self.parked_bytes, self.requested, self.leaks, self.tick, self.view_bytes)
+            return (*counts, self.parked[:], (*active, *allocated, *totals, *more))
 
     def buffers(self) -> list[Buffer]:
-        """Every buffer not freed, oldest first, copied in one locked section."""
+        """Every buffer not freed, oldest first."""
         with LOCK:
             return [*self.registry]

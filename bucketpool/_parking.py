@@ -1,18 +1,9 @@
 """The parking passes: asking parked buffers' events, and retiring the done ones.
 
-Copies on one stream complete in order, so an acquire asks the young queue's front first
-and usually finds its buffer there, done, with one question.  A record still parked `AGE`
-hand-outs after it parked (a stuck copy) moves to the old queue unasked, so however many
-are stuck they never stand in front of the buffers that come back; old records are asked
-in turn, a few at a time, when the young ones gave an acquire nothing, and by the idle
-sweep.  `collect` and `synchronize` ask every record once, from a copy of both queues.
-
-Events are asked without the lock (``query()`` is user code); what a pass finds is
-applied by `Ledger.retire`, which spends the record, so an answer about a record spent
-since moves nothing.  ``query()`` may raise anything: a poll for an unrelated acquire
-keeps the buffer parked and says nothing; `collect` and `synchronize` raise the first
-error once done.  `KeyboardInterrupt` and `SystemExit` (a signal handler's) are raised at
-once in the thread they interrupted, the buffer still parked.
+The queues' order is in docs/design.md ("Parking order").  Events are asked without the lock
+(``query()`` is user code); `Ledger.retire` applies the answer, once.  An error from
+``query()`` keeps the buffer parked: a poll swallows it, `sweep` returns the first one.
+`KeyboardInterrupt` and `SystemExit` (a signal handler's) are raised at once.
 """
 
 from __future__ import annotations
@@ -25,27 +16,17 @@ from bucketpool._buffer import Bucket
 from bucketpool._ledger import DROPPED, Ledger, Parking
 from bucketpool._views import CompletionEvent
 
-__all__ = [
-    "AGE",
-    "POLL_BUDGET",
-    "all_done",
-    "poll",
-    "poll_old",
-    "sweep",
-    "wait",
-]
+__all__ = ["AGE", "POLL_BUDGET", "all_done", "poll", "poll_old", "sweep", "wait"]
 
-#: Parked buffers an acquire asks before it allocates: enough to retire the buffers of the
-#: steps that finished since the last look, and a bound on the cost whatever is parked.
+#: Parked buffers an acquire asks before it allocates: a bound whatever is parked.
 POLL_BUDGET = 4
-#: Hand-outs after which a record still parked leaves the young queue for the old one:
-#: far more than the few steps a copy takes, far fewer than a stuck copy waits.
+#: Hand-outs after which a record still parked moves to the old queue (a stuck copy).
 AGE = 256
 _POLL_SECONDS = 0.0005
 
 
 def all_done(events: Sequence[CompletionEvent]) -> bool:
-    """Return whether every event reports done (user code: never under the lock)."""
+    """Return whether every event reports done."""
     return all(event.query() for event in events)
 
 
@@ -63,15 +44,10 @@ def wait(events: Sequence[CompletionEvent]) -> bool:
 def poll(
     ledger: Ledger, bucket: Bucket | None = None, budget: int = POLL_BUDGET, take: bool = False
 ) -> tuple[int, bool, Parking | None, int]:
-    """Ask up to *budget* parked buffers; retire the done ones.
+    """Ask up to *budget* parked buffers, young ones first; retire the done ones.
 
-    Returns how many retired, whether one went to an inbox (to drain) rather than straight
-    into the cache, and, with *take* (at ``"off"``), the record of a done buffer of
-    *bucket* left for the caller to hand out (`Ledger.serve`) and its index.  Stops once a
-    buffer of *bucket* retired or was found (any bucket's, when None).  The young queue
-    first, from its front; the old queue, in turn, only if that retired none (and the idle
-    sweep asks it too: `poll_old`).  Errors from ``query()`` are swallowed: they are not
-    this caller's.
+    Returns how many retired, whether one went to an inbox, and, with *take*, a done record
+    of *bucket* for the caller to hand out, and its index.  Stops at *bucket*'s (any, if None).
     """
     young = ledger.young
     try:
@@ -92,8 +68,8 @@ def poll(
             found = young[index]  # a hint, read without the lock: `retire` decides
         except IndexError:
             break
-        events = found[1]  # read once: `retire` may clear it meanwhile; the list stays
-        if events is None:  # spent by `collect`: dropped, and not asked
+        events = found[1]  # read once: `retire` may clear it meanwhile
+        if events is None:  # spent by `collect`: dropped, not asked
             ledger.retire(found, index)
             continue
         asked += 1
@@ -111,7 +87,7 @@ def poll(
         if retiring is None:
             index += 1
             continue
-        retired += 1  # and the record left the queue: the next one is at *index*
+        retired += 1  # the record left the queue: the next one is at *index*
         queued = queued or bool(retiring.inbox)
         if bucket is None or retiring is bucket:
             break
@@ -137,13 +113,7 @@ def poll_old(ledger: Ledger, turns: int) -> tuple[int, bool, None, int]:
 def sweep(
     ledger: Ledger, finished: Callable[[Sequence[CompletionEvent]], bool]
 ) -> tuple[int, BaseException | None]:
-    """Ask *finished* once about every buffer parked when called; retire the done ones.
-
-    Returns how many retired (into the inboxes, for the caller to drain) and the first error
-    an event raised (its buffer stays parked).  Each record costs the same however many
-    are parked: the queues are copied once, and the old one is rebuilt without the records
-    spent in its middle.
-    """
+    """Ask *finished* once about each parked buffer; return how many retired, the first error."""
     young, old, seen = ledger.parked_records()
     retired = 0
     first_error: BaseException | None = None
@@ -164,11 +134,8 @@ def sweep(
 def _ask(
     found: Parking, finished: Callable[[Sequence[CompletionEvent]], bool]
 ) -> tuple[bool, BaseException | None]:
-    """Ask *finished* about the events of the record *found*: whether done, and the error.
-
-    A spent record is not asked (not done).
-    """
-    events = found[1]  # read once: `retire` may clear it meanwhile; the list stays as is
+    """Whether *finished* says *found*'s events are done (a spent record's: no), and the error."""
+    events = found[1]  # read once: `retire` may clear it meanwhile
     if events is None:
         return False, None
     try:

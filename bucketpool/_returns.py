@@ -1,12 +1,7 @@
-"""What comes back: the inbox taken back, leaks reported, and what the caps free.
+"""What comes back: the inboxes taken back, leaks reported, and what the caps free.
 
-Releases from finalisers and signal handlers, and dropped holders, append to their
-bucket's inbox without the lock; `drain` takes each entry back with the ledger's `settle`
-move and applies the caps outside the lock.  A dropped holder is reported with a
-`LeakWarning`, once per acquire site, at that site's file and line (as
-`warnings.warn_explicit` does), so an IDE, ``-W error`` or pytest points at the code that
-acquired.  The trims choose and loop here, outside the lock, freeing one buffer per
-`Ledger.uncache` move, so a trim of many buffers never holds the lock for long.
+Everything here runs outside the lock, one `Ledger` move at a time (docs/design.md).  A leak
+is warned about once per acquire site, at that site's file and line.
 """
 
 from __future__ import annotations
@@ -23,11 +18,7 @@ __all__ = ["check_reserve", "drain", "sweep_idle", "take_back", "trim_to", "warn
 
 
 def drain(ledger: Ledger, reported: set[object], only: Bucket | None = None) -> list[str]:
-    """Take back every entry of *ledger*'s inboxes; return the in-flight problems found.
-
-    Only bucket *only*'s inbox, if given.  Leaks are warned about here, once per site in
-    *reported* (the pool's set of sites).
-    """
+    """Take back every entry of *ledger*'s inboxes (or *only*'s); return the problems found."""
     problems: list[str] = []
     for bucket in ledger.buckets if only is None else (only,):
         while bucket.inbox:
@@ -43,18 +34,15 @@ def take_back(
     entry: Entry | None = None,
     seen: int = -1,
 ) -> bool | None:
-    """Take back *entry* (else the oldest of *bucket*'s inbox): park, cache or free it.
+    """Take back *entry* (else *bucket*'s oldest queued), adding a problem to *problems*.
 
-    Appends the in-flight problem found, if any, to *problems*.  Returns False, having
-    moved nothing, if *entry*'s hand-out was over already; None if an event was recorded
-    since its releaser read them (*seen*: see `Ledger.give_back`).
+    False: its hand-out was over already; None: an event was recorded since *seen*.
     """
     buffer, outcome, leak, problem = ledger.settle(bucket, entry=entry, seen=seen)
     if outcome == "recorded":
         return None
     if outcome == "crowded" and buffer is not None:
-        # Room first, in other buckets, least recently used first: the cache never shows
-        # more than the cap, not even for a moment.
+        # Room first, in other buckets: the cache never shows more than the cap.
         room = ledger.max_cached_bytes - ledger.parked_bytes - bucket.nbytes
         trim_to(ledger, room, keep=bucket)
         buffer, outcome, leak, problem = ledger.settle(bucket, force=True, entry=entry, seen=seen)
@@ -97,11 +85,8 @@ def _report_leak(leak: Leak, reported: set[object]) -> None:
 def warn(message: str, category: type[Warning], line: tuple[str, int] | None = None) -> None:
     """Warn, at *line* (a user's file and line) when known; never raise from here.
 
-    Warnings here report what some earlier code did (a leak, a stale write) and may run in
-    a finaliser or in another caller's operation.  A filter that turns the warning into an
-    error (``-W error``, ``simplefilter("error", LeakWarning)``) must not raise it in the
-    wrong place, nor hide it: the error goes to ``sys.unraisablehook``, as an exception
-    raised in a finaliser does (printed as "Exception ignored", and reported by pytest).
+    A filter that makes it an error must not raise it in the wrong place (a finaliser, another
+    caller's operation), nor hide it: the error goes to ``sys.unraisablehook``.
     """
     try:
         if line is None:
@@ -114,11 +99,7 @@ def warn(message: str, category: type[Warning], line: tuple[str, int] | None = N
 
 
 class _Unraisable:
-    """Hand *error* to ``sys.unraisablehook``.
-
-    Made and dropped at once: its finaliser raises the error, and the interpreter reports an
-    exception raised in a finaliser there.
-    """
+    """Made and dropped at once: its finaliser hands *error* to ``sys.unraisablehook``."""
 
     __slots__ = ("error",)
 
@@ -130,16 +111,12 @@ class _Unraisable:
 
 
 def trim_to(ledger: Ledger, limit: int | None, keep: Bucket | None = None) -> int:
-    """Free cached buffers, least recently used bucket first; return the bytes freed.
-
-    Until at most *limit* bytes stay cached (None: until the cache fits the byte cap);
-    never *keep*'s.
-    """
+    """Free LRU cached buffers, not *keep*'s, to *limit* (None: the cap); return bytes freed."""
     freed = 0
-    for bucket in sorted(ledger.buckets, key=_last_use):
+    for bucket in sorted(ledger.buckets, key=lambda b: b.last_tick):
         if bucket is keep or not bucket.free:  # a hint, read without the lock: uncache checks
             continue
-        while (buffer := ledger.uncache(bucket, False, limit)) is not None:
+        while (buffer := ledger.uncache(bucket, limit)) is not None:
             freed += bucket.nbytes
             buffer.scrap()
     return freed
@@ -152,21 +129,12 @@ def sweep_idle(ledger: Ledger, idle: int) -> None:
     tick = ledger.tick
     for bucket in ledger.buckets:
         if bucket.free and tick - bucket.last_tick >= idle:
-            while (buffer := ledger.uncache(bucket, False, -1)) is not None:
+            while (buffer := ledger.uncache(bucket, -1)) is not None:  # -1: whatever is idle
                 buffer.scrap()
 
 
-def _last_use(bucket: Bucket) -> int:
-    return bucket.last_tick
-
-
 def check_reserve(ledger: Ledger, bucket: Bucket, size: int, number: int) -> None:
-    """Refuse to reserve *number* buffers of *bucket* (for *size*) that the caps would not keep.
-
-    Raises:
-        ValueError: they would take the bucket over ``max_cached_per_bucket`` or the idle
-            bytes (cached and parked) over ``max_cached_bytes``; nothing was allocated.
-    """
+    """Raise ValueError if the caps would not keep *number* more buffers of *bucket*."""
     cached = ledger.cached[bucket.index] + number
     idle_bytes = ledger.allocated_bytes - ledger.active_bytes + number * bucket.nbytes
     idle_bytes += ledger.view_bytes

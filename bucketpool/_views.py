@@ -1,10 +1,4 @@
-"""The views a pool hands out, and the fills they own: `add_copies`, `add_block_copies`.
-
-A fill reads every input first (`bucketpool._inputs`, where all user code runs), then
-checks that the views belong to the live hand-out, then writes through the pool's own
-numpy arrays of the buffer (`write`).  Arrays of the pool's dtype take a fast path that
-makes the same checks inline.
-"""
+"""The views a pool hands out, and their fills: inputs read, hand-out checked, `write`."""
 
 from __future__ import annotations
 
@@ -12,11 +6,10 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, NoReturn, Protocol, SupportsIndex, TypeAlias
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from bucketpool._errors import CapacityError, ReleaseError
-from bucketpool._inputs import Plan, read_block_copies, read_copies
+from bucketpool._inputs import IntArray, Plan, read_block_copies, read_copies
 from bucketpool._settings import as_index
 
 __all__ = [
@@ -30,26 +23,18 @@ __all__ = [
     "write",
 ]
 
-#: A 1-D numpy array of any integer dtype.
-IntArray: TypeAlias = npt.NDArray[np.integer[Any]]
 #: ``(src, dst, sizes)``: three 1-D int64 or uint64 arrays of one length, written in place.
 DescriptorArrays: TypeAlias = tuple[IntArray, IntArray, IntArray]
-#: A column of values for a fill: a numpy integer array, a CPU integer tensor, or a
-#: sequence of ints (bools are refused at run time, though a type checker takes them).
+#: A fill's column: a numpy integer array, a CPU integer tensor or a sequence of ints.
 IntegerInput: TypeAlias = IntArray | torch.Tensor | Sequence[int | np.integer[Any]]
 
 _ndarray = np.ndarray
 _I64 = np.dtype(np.int64)
-# The C function: np.may_share_memory first goes through __array_function__ dispatch.
-_may_share = getattr(np.may_share_memory, "_implementation", np.may_share_memory)
+_may_share = getattr(np.may_share_memory, "_implementation", np.may_share_memory)  # no dispatch
 
 
 class CompletionEvent(Protocol):
-    """What `record_event` accepts: `torch.Event`, `torch.cuda.Event`, ...
-
-    Only ``query()`` is required; ``synchronize()``, where present, lets
-    `BucketPool.synchronize` block instead of polling.
-    """
+    """An event `record_event` takes (`torch.Event`): ``query()``, optionally ``synchronize()``."""
 
     def query(self) -> bool:
         """Return whether the work recorded before the event has finished."""
@@ -57,13 +42,7 @@ class CompletionEvent(Protocol):
 
 
 class DescriptorBuffers(NamedTuple):
-    """The three descriptor tensors one `swap_blocks_batch` call takes.
-
-    Each is a 1-D contiguous CPU tensor of the pool's dtype and exactly ``n`` entries, a
-    zero-copy view of one of the pool's buffers.  The views a pool hands out also fill
-    themselves (`add_copies`, `add_block_copies`), cut the count written (`shrink`) and
-    record the copy's event (`record_event`), for as long as their hand-out lasts.
-    """
+    """The three tensors of one `swap_blocks_batch` call: 1-D CPU views of ``n`` entries."""
 
     src_ptrs: torch.Tensor
     dst_ptrs: torch.Tensor
@@ -78,19 +57,13 @@ class DescriptorBuffers(NamedTuple):
     ) -> int:
         """Write copies into entries ``[first, first + k)`` and return ``first + k``.
 
-        Copy ``i`` moves ``byte_counts[i]`` bytes from ``sources[i]`` to
-        ``destinations[i]``.  Columns are numpy integer arrays, CPU integer tensors or
-        sequences of ints, of one length ``k``; *byte_counts* may be one int for every
-        copy.  Addresses are 0..2**64-1, stored as their bits (values in int64 arrays and
-        tensors are taken as bits already; Python ints and narrower signed dtypes must be
-        >= 0); byte counts are 0..2**63-1.  Every input is read and checked before the
-        first entry is written, so a call that raises writes nothing; inputs may share
-        memory with the views (to swap directions, say).
+        Copy ``i`` moves ``byte_counts[i]`` bytes from ``sources[i]`` to ``destinations[i]``
+        (*byte_counts* may be one int).  Addresses are 0..2**64-1 (64-bit values taken as
+        bits; others >= 0), byte counts 0..2**63-1.  A call that raises writes nothing.
 
         Raises:
             ReleaseError: the hand-out these views belong to is over.
-            TypeError: an input is not integer, a tensor is not on the CPU, or these
-                views were not handed out by a pool.
+            TypeError: an input is not integer or on the CPU, or the views were not handed out.
             CapacityError: ``first + k > n`` (an `IndexError` and a `ValueError`).
             IndexError: *first* is negative.
             ValueError: a column is not 1-D, lengths differ, or a value is out of range.
@@ -132,13 +105,11 @@ class DescriptorBuffers(NamedTuple):
         total_bytes: SupportsIndex | None = None,
         coalesce: bool = True,
     ) -> int:
-        """Write copies of whole blocks between two block-structured regions.
+        """Write copies of whole blocks; return the next free entry.
 
         Copy ``i`` moves *block_bytes* from ``src_base + src_blocks[i] * block_bytes`` to
-        ``dst_base + dst_blocks[i] * block_bytes``.  With *coalesce*, runs where both
-        block indices step by one become one descriptor.  *total_bytes* trims the last
-        copy so that exactly that many bytes move.  Returns the next free entry.  Every
-        input is read and checked before the first entry is written.
+        ``dst_base + dst_blocks[i] * block_bytes``; *coalesce* merges runs stepping by one,
+        *total_bytes* trims the last copy.  A call that raises writes nothing.
 
         Raises:
             ReleaseError: the hand-out these views belong to is over.
@@ -153,7 +124,7 @@ class DescriptorBuffers(NamedTuple):
             _not_handed_out("add_block_copies")
         token = self._token  # type: ignore[attr-defined]
         plan = read_block_copies(
-            *(first, src_base, dst_base, src_blocks, dst_blocks, block_bytes),
+            (first, src_base, dst_base, src_blocks, dst_blocks, block_bytes),
             *(total_bytes, coalesce, buffer.dtype_np),
         )
         if token <= 0 or buffer.token != token:
@@ -161,17 +132,9 @@ class DescriptorBuffers(NamedTuple):
         return write(buffer.arrays, buffer.n, plan, "add_block_copies")
 
     def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
-        """Return views of the first *count* entries: exactly what a step wrote.
+        """Return views of the first *count* entries (same hand-out, no copy).
 
-        Entries are not cleared between holders, so pass `swap_blocks_batch` exactly the
-        entries written, the count a fill returned::
-
-            with pool.acquire(n) as bufs:
-                end = bufs.add_copies(0, sources, destinations, sizes)
-                swap_blocks_batch(*bufs.shrink(end))
-
-        These views keep their length; the views returned belong to the same hand-out
-        (they fill, shrink and record events too).  No data is copied.
+        Entries are not cleared between holders: pass `swap_blocks_batch` only those written.
 
         Raises:
             ReleaseError: the hand-out these views belong to is over.
@@ -201,17 +164,14 @@ class DescriptorBuffers(NamedTuple):
         return found
 
     def record_event(self, event: CompletionEvent) -> None:
-        """Keep the buffer out of reuse until *event* reports done.
+        """Keep the buffer out of reuse until *event* (and every other one recorded) is done.
 
-        Record the event after the `swap_blocks_batch` call (or upload) that reads the
-        descriptors.  Several events may be recorded; all must complete.  Events found
-        done while the hand-out lasts are dropped.
+        Record it after the `swap_blocks_batch` call (or upload) that reads the descriptors.
 
         Raises:
             ReleaseError: the hand-out these views belong to is over.
             TypeError: *event* has no ``query()`` method, or these views were not handed out.
-            InFlightWriteError: (debug levels) the descriptors changed while an earlier
-                recorded copy could still read them; *event* was recorded all the same.
+            InFlightWriteError: (debug levels) descriptors changed under an earlier copy.
         """
         try:
             buffer = self._buffer  # type: ignore[attr-defined]
@@ -221,24 +181,18 @@ class DescriptorBuffers(NamedTuple):
 
 
 class Views(DescriptorBuffers):
-    """A view set a pool hands out: `DescriptorBuffers` that know their buffer and hand-out.
-
-    ``_token`` is the hand-out's token, set each time the set is handed to a holder; the
-    fills refuse once the buffer's token moved on.
-    """
+    """A view set a pool hands out: `DescriptorBuffers` that know their buffer and hand-out."""
 
     _buffer: Any  # a `bucketpool._buffer.Buffer` (which imports this module)
-    _token: int
+    _token: int  # the holder's hand-out, set as the set is handed out
 
-    # A copy is the public tuple, never a second set of views that could fill the buffer.
-    def __copy__(self) -> DescriptorBuffers:
+    def __copy__(self) -> DescriptorBuffers:  # the public tuple: never views that fill
         return DescriptorBuffers(*self)
 
     def __deepcopy__(self, memo: dict[int, object]) -> DescriptorBuffers:
         return DescriptorBuffers(*(tensor.clone() for tensor in self))
 
-    def __reduce__(self) -> tuple[object, ...]:
-        # Plain tensors: a strict hand-out's guarded views carry what cannot be pickled.
+    def __reduce__(self) -> tuple[object, ...]:  # plain tensors: guarded views do not pickle
         return (DescriptorBuffers, tuple(tensor.as_subclass(torch.Tensor) for tensor in self))
 
 
@@ -246,15 +200,7 @@ Views.__name__ = Views.__qualname__ = "DescriptorBuffers"  # reprs say the publi
 
 
 def write(arrays: DescriptorArrays, n: int, plan: Plan, op: str) -> int:
-    """Write *plan* into entries ``[first, first + k)`` of *arrays*, of which *n* may be.
-
-    Calls no user code.  An input that may share memory with the arrays is copied first,
-    so the result is as if every input were read before the first write.
-
-    Raises:
-        CapacityError: ``first + k > n``; nothing was written.
-        IndexError: *first* is negative.
-    """
+    """Write *plan* into *arrays* of *n* entries, no user code run (shared inputs copied first)."""
     first, k, sources, destinations, sizes = plan
     end = first + k
     if first < 0:
@@ -279,13 +225,7 @@ def write(arrays: DescriptorArrays, n: int, plan: Plan, op: str) -> int:
 
 
 def record(buffer: Any, token: int, event: CompletionEvent) -> None:
-    """Add *event* to the events of *buffer*'s hand-out *token* (the holder's call).
-
-    Raises:
-        ReleaseError: the hand-out is over (also when an event's ``query()`` ended it).
-        TypeError: *event* has no ``query()`` method.
-        InFlightWriteError: (debug levels) see `DescriptorBuffers.record_event`.
-    """
+    """Add *event* to the events of *buffer*'s hand-out *token* (the holder's call)."""
     if token <= 0 or buffer.token != token:
         _over("record_event", buffer)
     if not callable(getattr(event, "query", None)):
@@ -298,7 +238,7 @@ def record(buffer: Any, token: int, event: CompletionEvent) -> None:
 
 
 def _least(counts: IntArray, dtype: np.dtype[Any]) -> int:
-    """The least byte count, as int64 (a uint64 one of 2**63 or more reads as negative)."""
+    """The least byte count as int64 (uint64 ones of 2**63 or more read as negative)."""
     signed = counts if dtype is _I64 else counts.view(_I64)
     least: int = signed.item(signed.argmin())
     return least

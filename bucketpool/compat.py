@@ -1,15 +1,4 @@
-"""Drop-in replacements for vLLM's ``DescriptorBufferPool``: swap the import, keep the calls.
-
-``DescriptorBufferPool`` keeps the original three-field API; ``AliasedDescriptorBufferPool``
-keeps the later six-field one (tensors plus numpy aliases and ``add_copies``).  Both are
-backed by a `BucketPool` (made with the defaults, so ``BUCKETPOOL_CONF`` applies), through
-its public API: ``acquire(n)`` is a hand-out of the whole bucket, ``bucket_capacity(n)``
-entries, so callers keep cutting their ``[:n]`` slices.  Each acquire returns a new tuple
-object, so that a late release of an earlier tuple is refused instead of ending the new
-holder's hand-out.  They add what the originals lacked: `ReleaseError` on a double, stale
-or foreign release, bounded memory, reuse deferred until an ``event`` reports done, and a
-`LeakWarning` for a triple dropped without release (its buffer comes back).
-"""
+"""Drop-in replacements for vLLM's ``DescriptorBufferPool``: swap the import (docs/compat.md)."""
 
 from __future__ import annotations
 
@@ -34,11 +23,7 @@ __all__ = [
 
 
 class AliasedDescriptorBuffers(NamedTuple):
-    """vLLM's six-field descriptor buffers: three tensors and numpy aliases of them.
-
-    ``src_np``, ``dst_np`` and ``sizes_np`` share memory with ``src_ptrs``, ``dst_ptrs``
-    and ``sizes``; all six have the same length.
-    """
+    """vLLM's six-field descriptor buffers: three tensors and numpy aliases (``*_np``) of them."""
 
     src_ptrs: torch.Tensor
     dst_ptrs: torch.Tensor
@@ -54,15 +39,10 @@ class AliasedDescriptorBuffers(NamedTuple):
         destinations: IntegerInput,
         byte_counts: IntegerInput | SupportsIndex,
     ) -> int:
-        """Write ``len(sources)`` copies at ``[first, first + len(sources))`` of the aliases.
-
-        The checks of `DescriptorBuffers.add_copies`; a failed call writes nothing.
-        Returns the next free entry, ``first + len(sources)`` (vLLM's returns None): pass
-        exactly the entries written, ``bufs.src_ptrs[:end]``.
+        """Write copies as `DescriptorBuffers.add_copies`; return the next free entry (vLLM: None).
 
         Raises:
-            CapacityError: the copies do not fit in the triple's entries; it is both an
-                `IndexError` and the `ValueError` the original raised.
+            CapacityError: the copies do not fit (an `IndexError` and the original's `ValueError`).
             ValueError: lengths differ, or a byte count is negative.
             TypeError: an input is not integer.
         """
@@ -71,18 +51,11 @@ class AliasedDescriptorBuffers(NamedTuple):
         return write(arrays, len(self.src_np), plan, "add_copies")
 
 
-#: ``id()`` of each tuple an adapter handed out and has not taken back -> its pool and the
-#: handle that holds its buffer.
-_HELD: dict[int, tuple[BucketPool, BufferHandle]] = {}
+_HELD: dict[int, tuple[BucketPool, BufferHandle]] = {}  # id(tuple held) -> (pool, handle)
 
 
 class _Holding:
-    """A tuple an adapter hands out (of the public class), one object per hand-out.
-
-    Its handle, in `_HELD`, holds the buffer; dropping the tuple unreleased drops the
-    handle, which reports the leak and brings the buffer back.  ``copy``, ``deepcopy`` and
-    ``pickle`` give the public tuple class holding the data: never a second holder.
-    """
+    """A tuple an adapter hands out; its handle (in `_HELD`) holds the buffer, copies do not."""
 
     __slots__ = ()
     _public: typing.ClassVar[type[DescriptorBuffers] | type[AliasedDescriptorBuffers]]
@@ -127,7 +100,6 @@ class _Holding:
         return entry[1].add_copies(first, sources, destinations, byte_counts)
 
     def record_event(self, event: object) -> None:
-        """Refuse: a compat triple's events are given to its release."""
         raise TypeError(
             "a compat triple records its copy's end event at release: pool.release(bufs, "
             "event=event); bufs.record_event is for the views of with pool.acquire(n) as bufs:"
@@ -136,33 +108,30 @@ class _Holding:
 
 class _HeldBuffers(_Holding, DescriptorBuffers):
     __slots__ = ()
+    _public = DescriptorBuffers
 
 
-class _HeldAliasedBuffers(_Holding, AliasedDescriptorBuffers):  # type: ignore[misc]
+class _HeldAliasedBuffers(_Holding, AliasedDescriptorBuffers):
     __slots__ = ()
+    _public = AliasedDescriptorBuffers
 
 
-for _held, _public in (
-    (_HeldBuffers, DescriptorBuffers),
-    (_HeldAliasedBuffers, AliasedDescriptorBuffers),
-):
-    _held.__name__ = _held.__qualname__ = _public.__name__  # reprs and messages say the public name
-    _held._public = _public
+for _held in (_HeldBuffers, _HeldAliasedBuffers):
+    _held.__name__ = _held.__qualname__ = _held._public.__name__  # reprs say the public name
 
 _Buffers = typing.TypeVar("_Buffers", DescriptorBuffers, AliasedDescriptorBuffers)
 
 
 class _Adapter(typing.Generic[_Buffers]):
-    """What both adapters share: acquire and release through the pool's public API."""
+    """What both adapters share, through the pool's public API (no __slots__: tests patch it)."""
 
-    # No __slots__: tests patch methods on instances (mock.patch.object(pool, "acquire")).
     _held: type[_HeldBuffers | _HeldAliasedBuffers]
 
     def __init__(self, *, dtype: torch.dtype = torch.int64) -> None:
         self.pool = BucketPool(dtype=dtype)
 
     def acquire(self, n: SupportsIndex) -> _Buffers:
-        """Return a triple of capacity >= *n* (its bucket's whole capacity).  Thread-safe.
+        """Return a triple of its bucket's whole capacity (>= *n*).  Thread-safe.
 
         Raises:
             TypeError: *n* is a bool or not an integer.
@@ -171,10 +140,10 @@ class _Adapter(typing.Generic[_Buffers]):
         """
         pool = self.pool
         count = n if type(n) is int and n >= 0 else check_count(n, pool.settings.max_capacity)
-        handle = pool.acquire(pool.bucket_capacity(count))
-        fields = handle.buffers
+        handle: BufferHandle = pool.acquire(pool.bucket_capacity(count))
+        fields: tuple[typing.Any, ...] = handle.buffers
         if self._held is _HeldAliasedBuffers:
-            fields = (*fields, *handle.arrays)  # type: ignore[assignment]
+            fields = (*fields, *handle.arrays)
         bufs = tuple.__new__(self._held, fields)
         _HELD[id(bufs)] = (pool, handle)  # from here on the tuple holds the buffer (an interrupt
         return bufs  # type: ignore[return-value]  # before: the handle's finaliser does)
@@ -184,15 +153,12 @@ class _Adapter(typing.Generic[_Buffers]):
 
         Args:
             bufs: what `acquire` returned.
-            event: when given, the buffers are not reused until ``event.query()`` is true;
-                pass the end event recorded after the ``swap_blocks_batch`` call.
+            event: the ``swap_blocks_batch`` call's end event: no reuse until it is done.
 
         Raises:
-            ReleaseError: *bufs* was released already (or a later acquire handed its
-                buffer out again), or did not come from this pool; nothing changes.
+            ReleaseError: *bufs* was released already, or is not from this pool; no change.
             TypeError: *event* has no ``query()`` method; *bufs* stays acquired.
-            BaseException: what ``event.query()`` raised; the release took effect and the
-                buffer stays parked until the event reports done.
+            BaseException: what ``event.query()`` raised; released all the same (parked).
         """
         entry = _HELD.get(id(bufs)) if type(bufs) is self._held else None
         if entry is None or entry[0] is not self.pool:
@@ -234,10 +200,7 @@ ADAPTERS.add(_Adapter.acquire.__code__)
 
 @typing.final
 class DescriptorBufferPool(_Adapter[DescriptorBuffers]):
-    """The original three-field pool's API, backed by a `BucketPool`.
-
-    ``acquire(n)`` returns `DescriptorBuffers` of capacity >= *n*; ``release(bufs)`` takes
-    them back.  Thread-safe.
+    """The original three-field pool's API (`DescriptorBuffers`), backed by a `BucketPool`.
 
     Args:
         dtype: `torch.int64` (default) or `torch.uint64` (vLLM's XPU pointer dtype).
@@ -249,8 +212,6 @@ class DescriptorBufferPool(_Adapter[DescriptorBuffers]):
 @typing.final
 class AliasedDescriptorBufferPool(_Adapter[AliasedDescriptorBuffers]):
     """vLLM's later six-field pool API (numpy aliases, ``add_copies``), backed by a `BucketPool`.
-
-    Thread-safe.
 
     Args:
         dtype: `torch.int64` (default) or `torch.uint64` (vLLM's XPU pointer dtype).

@@ -1,4 +1,4 @@
-"""Helpers for users' tests of code that builds descriptors."""
+"""Helpers for users' tests of code that builds descriptors (``import bucketpool.testing``)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,11 @@ if typing.TYPE_CHECKING:
 
 __all__ = ["assert_no_outstanding", "swap_blocks_batch"]
 
-_POINTER_DTYPES = (torch.int64, torch.uint64)
-
 
 def assert_no_outstanding(pool: BucketPool) -> None:
     """Fail if *pool* has buffers handed out and not released, listing each.
 
-    Use it at the end of a test (or in a fixture's teardown) to catch handles that were
-    never released.  Sites are known when the pool traces: make the pool with
-    ``debug="checks"`` or ``trace=True``, or set ``BUCKETPOOL_DEBUG=checks``.  Import it as
-    ``import bucketpool.testing`` (``import bucketpool`` alone does not load it).
+    Sites are known when the pool traces (``trace=True`` or a debug level).
 
     Raises:
         AssertionError: buffers are still out; the message lists them.
@@ -30,11 +25,10 @@ def assert_no_outstanding(pool: BucketPool) -> None:
     records = pool.outstanding()
     if not records:
         return
+    where = "<unknown: use debug=checks or trace=True to record sites>"
     lines = [f"{len(records)} buffer(s) still out of {pool!r}:"]
     lines.extend(
-        f"  n={record.n} (capacity {record.capacity}) acquired at "
-        f"{record.acquired_at or '<unknown: use debug=checks or trace=True to record sites>'}"
-        for record in records
+        f"  n={r.n} (capacity {r.capacity}) acquired at {r.acquired_at or where}" for r in records
     )
     raise AssertionError("\n".join(lines))
 
@@ -42,22 +36,9 @@ def assert_no_outstanding(pool: BucketPool) -> None:
 def swap_blocks_batch(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: torch.Tensor) -> None:
     """Copy ``sizes[i]`` bytes from ``src_ptrs[i]`` to ``dst_ptrs[i]`` for every *i*, on the host.
 
-    A reference of vLLM's ``swap_blocks_batch`` op for tests of code that fills descriptor
-    buffers: it runs without an accelerator, so a test can fill descriptors, call this, and
-    compare bytes. It checks what the real op checks -- three CPU tensors of one integer dtype,
-    int64 or uint64, 1-D, of one length; ``n == 0`` does nothing -- and also contiguity, null
-    addresses and negative sizes. Every check runs before the first byte is copied. Then it
-    copies the ranges one by one, ``i = 0 .. n - 1``, each with ``memmove`` semantics, so
-    overlapping ranges are copied as if through a temporary buffer and a later copy sees the
-    bytes an earlier one wrote. The descriptors are read before the first copy, so a copy
-    that overwrites the descriptor tensors themselves does not change what is copied.
-
-    Addresses in int64 tensors are read as the bit patterns of uint64 addresses.
-
-    For host memory and tests only. It dereferences raw addresses: an address that does not
-    point to at least ``sizes[i]`` bytes of this process's memory crashes the process (or
-    silently corrupts memory) instead of raising. Thread-safe only as far as the memory it
-    copies is not written concurrently.
+    A reference of vLLM's op for tests without an accelerator: all checks (the op's, contiguity,
+    null addresses, negative sizes) come first, then the copies, in order, each a ``memmove`` of
+    descriptors read beforehand (int64 addresses as uint64 bits).  A bad address crashes.
 
     Args:
         src_ptrs: source addresses, one per copy.
@@ -69,7 +50,6 @@ def swap_blocks_batch(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: tor
             or the three dtypes differ.
         ValueError: a tensor is not 1-D or not contiguous; the lengths differ; an address
             is 0 (null); a size is negative (for uint64 sizes: 2**63 or more).
-
     """
     tensors = {"src_ptrs": src_ptrs, "dst_ptrs": dst_ptrs, "sizes": sizes}
     for name, tensor in tensors.items():
@@ -80,7 +60,7 @@ def swap_blocks_batch(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: tor
                 f"{name} is on {tensor.device}; swap_blocks_batch reads descriptors on the "
                 f"host, so pass CPU tensors ({name}.cpu())"
             )
-        if tensor.dtype not in _POINTER_DTYPES:
+        if tensor.dtype not in (torch.int64, torch.uint64):
             raise TypeError(f"{name} must be int64 or uint64, got {tensor.dtype}")
     if not src_ptrs.dtype == dst_ptrs.dtype == sizes.dtype:
         raise TypeError(
@@ -103,10 +83,8 @@ def swap_blocks_batch(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: tor
         )
     if n == 0:
         return
-    # Copies taken now: the checks and the copies see the same values, whatever the copies
-    # overwrite.
-    src = src_ptrs.numpy().view(np.uint64).copy()
-    dst = dst_ptrs.numpy().view(np.uint64).copy()
+    # Copied: the checks and the copies see the same values, whatever the copies overwrite.
+    src, dst = (p.numpy().view(np.uint64).copy() for p in (src_ptrs, dst_ptrs))
     counts = sizes.numpy().view(np.int64).copy()
     for name, addresses in (("src_ptrs", src), ("dst_ptrs", dst)):
         if not addresses.all():

@@ -41,6 +41,7 @@ def add_copies(arrays: DescriptorArrays, *args: Any, **kwargs: Any) -> int:
 def add_block_copies(arrays: DescriptorArrays, *args: Any, **kwargs: Any) -> int:
     return _through_views(arrays, lambda bufs: bufs.add_block_copies(*args, **kwargs))
 
+
 SENTINEL = 0x5A5A_5A5A_5A5A_5A5A
 
 

@@ -15,6 +15,7 @@ def capacity_for(n: int, min_capacity: int) -> int:
     """The reference: the smallest power of two >= n and >= min_capacity."""
     return min_capacity if n <= min_capacity else 1 << (n - 1).bit_length()
 
+
 BOUNDARIES = sorted(
     {0, 1, DEFAULT_MAX_CAPACITY}
     | {
@@ -96,11 +97,3 @@ def test_non_integers_are_type_errors(bad: object) -> None:
 def test_negative_is_value_error() -> None:
     with pytest.raises(ValueError, match="n must be >= 0, got -1"):
         bucket_capacity(-1)
-
-
-
-
-
-
-
-

@@ -7,19 +7,16 @@ import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, overload
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
 from _fill_cases import (
-    BLOCK_ERRORS,
-    BLOCK_GOOD,
     DTYPES,
-    ERROR_CASES,
-    GOOD,
-    SENTINEL,
     SOURCE_FORMS,
+    DescriptorArrays,
+    add_block_copies,
+    add_copies,
     descriptor_tensors,
     descriptors,
     make_arrays,
@@ -33,7 +30,6 @@ from hypothesis import strategies as st
 import bucketpool
 from bucketpool import BucketPool, DebugLevel, ReleaseError
 from bucketpool._errors import CapacityError
-from _fill_cases import DescriptorArrays, add_block_copies, add_copies
 
 # -- inputs that share memory with the descriptor arrays -----------------------------------
 
@@ -284,12 +280,6 @@ def logged_inputs(log: list[str]) -> dict[str, Callable[[list[int]], Any]]:
     }
 
 
-
-
-
-
-
-
 PLAIN_FORMS: list[Callable[[list[int]], Any]] = [
     *SOURCE_FORMS,
     lambda v: np.array(v, dtype=np.int64).view(LoggedArray),
@@ -297,25 +287,9 @@ PLAIN_FORMS: list[Callable[[list[int]], Any]] = [
 ]
 
 
-
-
-
-
-
-
 def span_error(error: type[Exception]) -> bool:
     """Whether *error* is one that only the writer, which knows the length, can raise."""
     return error in (CapacityError, IndexError)
-
-
-
-
-
-
-
-
-
-
 
 
 # -- hostile inputs ------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from _fill_cases import (
     SENTINEL,
     SOURCE_FORMS,
     TOP,
+    add_block_copies,
+    add_copies,
     descriptor_tensors,
     descriptors,
     make_arrays,
@@ -32,7 +34,6 @@ from hypothesis import strategies as st
 
 from bucketpool import BucketPool
 from bucketpool._errors import CapacityError
-from _fill_cases import add_block_copies, add_copies
 from bucketpool.testing import swap_blocks_batch
 
 # -- add_copies: values, chaining, input forms ---------------------------------------------

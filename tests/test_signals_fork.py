@@ -846,6 +846,7 @@ def test_fork_while_a_thread_inside_the_pool_drops_a_leaked_handle() -> None:
         sys.path.insert(0, "tests")
         from _helpers import blocked_in_fork_handler, exit_child, fork, wait_for_child
         from bucketpool import BucketPool
+        from bucketpool._lock import LOCK
         warnings.simplefilter("ignore")
         a, b = BucketPool(), BucketPool()
         leaked = [a.acquire(3)]
@@ -854,7 +855,7 @@ def test_fork_while_a_thread_inside_the_pool_drops_a_leaked_handle() -> None:
         seen = []
 
         def inside_b():
-            with __import__("bucketpool._lock", fromlist=["LOCK"]).LOCK:  # as in a pool call of B, where a collection runs A's finaliser
+            with LOCK:  # as in a pool call of B, where a collection runs A's finaliser
                 inside.set()
                 deadline = time.monotonic() + 60  # a failure guard only
                 while not blocked_in_fork_handler(main) and time.monotonic() < deadline:

@@ -350,8 +350,6 @@ def test_checks_repairs_uncounted_changes_to_reused_and_shrunk_view_sets(
     assert_views_intact(pool)
 
 
-
-
 @pytest.mark.parametrize(
     "tamper", [UNCOUNTED["resize_ past the buffer (raises)"], UNCOUNTED["out= longer (raises)"]]
 )
