@@ -157,6 +157,13 @@ class Buffer:
     def record(self, token: int, event: Any) -> bool:
         """(the holder) Add *event* to hand-out *token*'s events; False if it is over."""
         events: collections.deque[Any] | None = self.events  # type: ignore[assignment]
+        ledger = self.ledger()
+        if ledger is None:  # its pool is gone
+            return False
+        if events is None and ledger.verify is None:  # the first, at off: one move
+            return bool(
+                ledger.add_event(self, token, event, collections.deque(), None, False, None)
+            )
         front, done = None, False
         if events:  # the oldest is asked: done, it leaves; pending, it goes last (O(1))
             try:
@@ -167,9 +174,6 @@ class Buffer:
             except BaseException:  # not this call's to report: asked again at release
                 done = False
         checksum, in_flight = self.checksum, False
-        ledger = self.ledger()
-        if ledger is None:  # its pool is gone
-            return False
         if ledger.verify is not None:
             current = _debug.checksum(self.arrays, self.n)
             in_flight = checksum is not None and checksum != current and _pending(events)
