@@ -187,7 +187,7 @@ class Buffer:
 
     def views_cost(self) -> int:
         """(the holder, as its hand-out ends) The bytes its cached view sets count."""
-        return len(self.views) * VIEW_SET_BYTES
+        return 0 if self.own_views else len(self.views) * VIEW_SET_BYTES  # (own: dropped)
 
     def scrap(self) -> None:
         """(freed, outside the lock) Let go of memory and views: a stale reader finds nothing."""

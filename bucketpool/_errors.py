@@ -59,3 +59,13 @@ class LeakWarning(UserWarning):
     way, e.g. ``warnings.simplefilter("error", bucketpool.LeakWarning)``.  Its buffer went
     back to the pool.
     """
+
+
+def reentered(operation: str) -> PoolError:
+    """The error for *operation* called from inside a move (a finaliser interrupted one)."""
+    return PoolError(
+        f"{operation} was called from a finaliser or signal handler that interrupted this "
+        "thread inside a pool, whose records may be half-way through a change; call "
+        f"{operation} outside finalisers and signal handlers (releases are fine there: they "
+        "are queued)"
+    )

@@ -125,8 +125,17 @@ class BufferHandle:
                 buffer.version = -2  # a failed torch op may have changed a view uncounted
             if pool._watching:
                 buffer.released_at = _debug.site(pool._full_stack)
-            views = len(buffer.views) * VIEW_SET_BYTES
+            views = buffer.views_cost()
             while True:  # again if an event is recorded meanwhile (by a query(), a thread)
+                if owned():  # inside a move (a finaliser, a handler): queued, no event asked
+                    self._token = 0  # from here to the append no signal handler can run
+                    try:  # it parks on every event recorded by the time it is taken back
+                        buffer.bucket.inbox.append((buffer, token, AS_RECORDED, views))
+                    except (RecursionError, MemoryError):  # not appended: still held
+                        self._token = token
+                        raise
+                    LATE.append(pool._self_ref)
+                    break
                 seen, events, pending = buffer.recorded, buffer.events, None
                 if events:
                     try:  # a copy: a query() (or a thread) may record more meanwhile
@@ -150,15 +159,6 @@ class BufferHandle:
                             raise error
                         self.__exit__(exc_type, exc, tb)  # refuses, as any released handle
                         return
-                if owned():  # a finaliser or handler that interrupted a move: queued
-                    self._token = 0  # from here to the append no signal handler can run
-                    try:  # it parks on every event recorded by the time it is taken back
-                        buffer.bucket.inbox.append((buffer, token, AS_RECORDED, views))
-                    except (RecursionError, MemoryError):  # not appended: still held
-                        self._token = token
-                        raise
-                    LATE.append(pool._self_ref)
-                    break
                 given = pool._ledger.give_back(buffer, token, pending, views, seen)
                 if given:
                     self._token = 0

@@ -19,6 +19,7 @@ IntArray = npt.NDArray[np.integer[Any]]
 Plan = tuple[int, int, IntArray, IntArray, "IntArray | int"]
 
 _I64 = np.dtype(np.int64)
+_INT = frozenset((int,))
 _ACCEPTED = "a 1-D numpy integer array, a CPU integer tensor or a sequence of ints"
 _SUSPECT = frozenset((bool, np.bool_, np.ndarray))  # list items numpy may read as ints
 
@@ -90,15 +91,14 @@ def _to_array(values: object, name: str) -> IntArray:
     """*values* as a 1-D native-endian integer array; Python ints are checked >= 0."""
     if type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind in "iu":
         return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
-    if type(values) is list:  # the common list: ints below 2**63, read in C
-        values = values.copy()  # what is checked is what is written, whatever runs here
-        try:  # a float, a numpy scalar or a str makes the total no int: checked below
-            if type(sum(values)) is int:
-                arr: npt.NDArray[Any] = np.fromiter(values, _I64, len(values))
-                if not len(arr) or arr.item(arr.argmin()) > 1:  # no negative, no bool
-                    return arr
-        except (TypeError, ValueError, OverflowError):
+    if type(values) is list and _INT.issuperset(map(type, values)):  # plain ints: no user code
+        try:
+            arr: npt.NDArray[Any] = np.fromiter(values, _I64, len(values))
+        except OverflowError:  # 2**63 or more: read below
             pass
+        else:
+            if not len(arr) or arr.item(arr.argmin()) >= 0:
+                return arr
     from_python = False
     if isinstance(values, np.ndarray):
         arr = np.asarray(values)  # a subclass, or a 0-d / 2-D array

@@ -40,7 +40,7 @@ class Ledger:
     __slots__ = (  # plain slots: attrs' hooks would cost time on every move
         *TOTALS,
         *("allocated", "buckets", "cached", "max_cached_bytes", "misses", "old", "old_changes"),
-        *("max_cached_per_bucket", "next_sweep", "parked", "plain"),
+        *("max_cached_per_bucket", "next_sweep", "parked", "parked_views", "plain"),
         *("__weakref__", "registry", "sweep_every", "takes", "verify", "young"),
     )
 
@@ -66,6 +66,7 @@ class Ledger:
         self.allocations = self.allocations_peak = self.allocations_total = 0
         self.allocated_bytes = self.allocated_bytes_peak = self.allocated_bytes_total = 0
         self.parked_bytes = self.requested = self.leaks = self.view_bytes = 0
+        self.parked_views = 0  # the part of view_bytes that parked buffers keep
         self.tick = self.old_changes = 0  # hand-outs so far; moves that changed `old`
 
     def serve(
@@ -95,6 +96,7 @@ class Ledger:
                 self.parked[k] -= 1
                 self.parked_bytes -= bucket.nbytes
                 self.view_bytes -= buffer.view_bytes
+                self.parked_views -= buffer.view_bytes
                 buffer.events = None
             elif fresh is not None:
                 buffer, nbytes = fresh, bucket.nbytes
@@ -179,6 +181,7 @@ class Ledger:
                 self.young += ([buffer, pending, self.tick],)
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
+                self.parked_views += cost
             else:
                 buffer.token, buffer.events = 0, None
                 bucket.free += (buffer,)
@@ -238,11 +241,13 @@ class Ledger:
             else:  # a parked buffer retires
                 self.parked[k] -= 1
                 self.parked_bytes = parked
+                self.parked_views -= buffer.view_bytes
             if events:
                 buffer.token, buffer.events = -token, events
                 self.young += ([buffer, events, self.tick],)
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
+                self.parked_views += cost if token > 0 else buffer.view_bytes
                 outcome = "parked"
             elif keep:
                 buffer.token, buffer.events = 0, None
@@ -268,9 +273,11 @@ class Ledger:
         with LOCK:
             if not self.cached[k]:
                 return None
-            if limit is None:
-                limit = self.max_cached_bytes - self.parked_bytes
             idle = self.allocated_bytes - self.active_bytes - self.parked_bytes + self.view_bytes
+            if limit is None:  # the cap: every idle byte, parked ones and their views too
+                limit = self.max_cached_bytes - self.parked_bytes
+            else:  # trim: the cached buffers and their views only
+                idle -= self.parked_views
             if idle <= limit:
                 return None
             buffer = bucket.free[0]
@@ -305,6 +312,7 @@ class Ledger:
             ):
                 self.parked[k] -= 1  # idle bytes stay as they were, within the cap
                 self.parked_bytes -= bucket.nbytes
+                self.parked_views -= buffer.view_bytes
                 buffer.token, buffer.events = 0, None
                 bucket.free += (buffer,)
                 self.cached[k] += 1

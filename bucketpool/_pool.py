@@ -13,7 +13,7 @@ import torch
 
 from bucketpool import _debug, _parking, _returns, _settings
 from bucketpool._buffer import Bucket, Buffer
-from bucketpool._errors import InFlightWriteError, PoolError, ReleaseError
+from bucketpool._errors import InFlightWriteError, ReleaseError, reentered
 from bucketpool._handle import BufferHandle
 from bucketpool._ledger import CACHE, EMPTY, SETTLE, SWEEP, Entry, Ledger
 from bucketpool._lock import LATE, owned
@@ -133,7 +133,7 @@ class BucketPool:
             n = check_count(n, self._max_capacity)
         bucket = self._by_bits[((n or 1) - 1).bit_length()]
         if owned():
-            raise _reentered("acquire")
+            raise reentered("acquire")
         frame = _getframe(1)  # the site, for a leak warning: no stack walk
         code, lasti = frame.f_code, frame.f_lasti
         if code in ADAPTERS:  # a compat adapter's: its caller's site, marked by ~lasti
@@ -300,7 +300,7 @@ class BucketPool:
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
         if owned():
-            raise _reentered("reserve")
+            raise reentered("reserve")
         size = check_count(n, self._max_capacity, "reserve")
         number = check_non_negative(count, "reserve: count")
         bucket = self._by_bits[((size or 1) - 1).bit_length()]
@@ -380,7 +380,7 @@ class BucketPool:
     def _outside(self, operation: str) -> None:
         """Refuse *operation* inside a move (a finaliser's or signal handler's); else drain."""
         if owned():
-            raise _reentered(operation)
+            raise reentered(operation)
         self._drain()
 
 
@@ -388,12 +388,3 @@ _NO_COPY = (
     "a BucketPool cannot be copied or pickled: its buffers have one holder each, and a "
     "copy would hand them out twice. Make a new BucketPool with the same settings instead"
 )
-
-
-def _reentered(operation: str) -> PoolError:
-    return PoolError(
-        f"{operation} was called from a finaliser or signal handler that interrupted this "
-        "thread inside a pool, whose records may be half-way through a change; call "
-        f"{operation} outside finalisers and signal handlers (releases are fine there: they "
-        "are queued)"
-    )

@@ -8,8 +8,9 @@ from typing import Any, NamedTuple, NoReturn, Protocol, SupportsIndex, TypeAlias
 import numpy as np
 import torch
 
-from bucketpool._errors import CapacityError, ReleaseError
+from bucketpool._errors import CapacityError, ReleaseError, reentered
 from bucketpool._inputs import IntArray, Plan, read_block_copies, read_copies
+from bucketpool._lock import owned
 from bucketpool._settings import as_index
 
 __all__ = [
@@ -228,6 +229,8 @@ def record(buffer: Any, token: int, event: CompletionEvent) -> None:
     """Add *event* to the events of *buffer*'s hand-out *token* (the holder's call)."""
     if token <= 0 or buffer.token != token:
         _over("record_event", buffer)
+    if owned():  # a finaliser or signal handler inside a move: the records are half-made
+        raise reentered("record_event")
     if not callable(getattr(event, "query", None)):
         raise TypeError(
             "record_event needs an object with a query() -> bool method "

@@ -1,0 +1,134 @@
+"""What the hostile review of the rebuilt package (issue 23) found, kept as tests."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from bucketpool import BucketPool, PoolError, _lock
+
+
+class Pending:
+    def query(self) -> bool:
+        return False
+
+
+# -- _inputs._to_array: the list fast path runs sum() on unchecked items -------------------
+
+
+def test_numpy_int_items_whose_sum_overflows_fill_without_a_warning() -> None:
+    pool = BucketPool()
+    with pool.acquire(3) as bufs, warnings.catch_warnings():
+        warnings.simplefilter("error")  # pytest -W error, or filterwarnings = error
+        end = bufs.add_copies(0, [np.int64(2**62)] * 3, [1, 2, 3], 8)
+        assert bufs.shrink(end).src_ptrs.tolist() == [2**62] * 3
+
+
+def test_numpy_int_items_whose_sum_overflows_under_errstate_raise() -> None:
+    pool = BucketPool()
+    with pool.acquire(3) as bufs, np.errstate(over="raise"):
+        end = bufs.add_copies(0, [np.int64(2**62)] * 3, [1, 2, 3], 8)  # FloatingPointError
+        assert end == 3
+
+
+def test_a_list_of_tensors_is_a_type_error() -> None:
+    pool = BucketPool()
+    with pool.acquire(3) as bufs, pytest.raises(TypeError):
+        bufs.add_copies(
+            0, [torch.ones(2, dtype=torch.int64), torch.ones(3, dtype=torch.int64)], [1, 2], 8
+        )
+
+
+class FloatLike:
+    """Not an integer (no __index__): 7.9 that lets sum() and numpy read it as 7."""
+
+    def __radd__(self, other: int) -> int:
+        return other + 7
+
+    def __int__(self) -> int:
+        return 7
+
+    def __float__(self) -> float:
+        return 7.9
+
+
+def test_a_non_integer_item_is_a_type_error() -> None:
+    pool = BucketPool()
+    with pool.acquire(3) as bufs, pytest.raises(TypeError):
+        bufs.add_copies(0, [FloatLike(), 5], [1, 2], 8)
+
+
+# -- record_event from inside a move (finaliser / signal handler) --------------------------
+
+
+@pytest.mark.parametrize("level", ["off", "checks"])
+def test_record_event_from_inside_a_move_is_refused(level: str) -> None:
+    pool = BucketPool(debug=level)  # type: ignore[arg-type]
+    handle = pool.acquire(8)
+    bufs = handle.buffers
+    before = handle._buffer.recorded
+    with _lock.LOCK:  # as a finaliser or signal handler that interrupted a move (the tests' way)
+        with pytest.raises(PoolError):
+            bufs.record_event(Pending())
+    assert handle._buffer.recorded == before
+    handle.release()
+
+
+# -- a queued release asks events under the lock -------------------------------------------
+
+
+def test_a_release_queued_inside_a_move_asks_no_event_under_the_lock() -> None:
+    pool = BucketPool()
+    asked_under_lock: list[bool] = []
+
+    class Watched:
+        def query(self) -> bool:
+            asked_under_lock.append(_lock.owned())
+            return True
+
+    handle = pool.acquire(8)
+    handle.record_event(Watched())
+    with _lock.LOCK:  # as a finaliser inside a move: the release is queued
+        handle.release()
+    pool.stats()
+    assert not any(asked_under_lock)
+
+
+# -- view bytes at the debug levels -------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_view_bytes_count_only_sets_an_idle_buffer_keeps(level: str) -> None:
+    pool = BucketPool(debug=level)  # type: ignore[arg-type]
+    with pool.acquire(8) as bufs:
+        bufs.shrink(4)
+    (buffer,) = pool._ledger.buffers()
+    assert pool.stats().view_bytes == len(buffer.views) * 2048  # 4096 reported, 0 kept
+
+
+def test_a_buffer_that_fits_the_cap_at_checks_is_cached() -> None:
+    pool = BucketPool(debug="checks", max_cached_bytes=384)  # exactly one 16-entry buffer
+    for _ in range(2):
+        with pool.acquire(8):
+            pass
+    assert pool.stats().misses == 1  # 2: freed for view sets it no longer has
+
+
+# -- trim counts parked buffers' view sets as cached bytes ---------------------------------
+
+
+def test_trim_keeps_cached_buffers_that_fit_max_bytes() -> None:
+    pool = BucketPool()
+    with pool.acquire(16):
+        pass
+    handle = pool.acquire(1000)
+    for count in range(10):
+        handle.shrink(count)
+    handle.record_event(Pending())
+    handle.release()
+    stats = pool.stats()
+    cached_views = stats.view_bytes - 11 * 2048  # the parked buffer's 11 sets
+    assert pool.trim(stats.cached_bytes + cached_views) == 0
