@@ -38,7 +38,10 @@ def test_a_list_of_tensors_is_a_type_error() -> None:
     pool = BucketPool()
     with pool.acquire(3) as bufs, pytest.raises(TypeError):
         bufs.add_copies(
-            0, [torch.ones(2, dtype=torch.int64), torch.ones(3, dtype=torch.int64)], [1, 2], 8
+            0,
+            [torch.ones(2, dtype=torch.int64), torch.ones(3, dtype=torch.int64)],  # type: ignore[list-item]
+            [1, 2],
+            8,
         )
 
 
@@ -58,7 +61,7 @@ class FloatLike:
 def test_a_non_integer_item_is_a_type_error() -> None:
     pool = BucketPool()
     with pool.acquire(3) as bufs, pytest.raises(TypeError):
-        bufs.add_copies(0, [FloatLike(), 5], [1, 2], 8)
+        bufs.add_copies(0, [FloatLike(), 5], [1, 2], 8)  # type: ignore[list-item]
 
 
 # -- record_event from inside a move (finaliser / signal handler) --------------------------
