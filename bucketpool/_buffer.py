@@ -53,7 +53,7 @@ class Buffer:
         self, bucket: Bucket, dtype: torch.dtype, pin_memory: bool, ledger: Any, level: int
     ) -> None:
         self.bucket = bucket
-        self.ledger = weakref.ref(ledger)  # its `bucketpool._ledger.Ledger` (strong: a cycle)
+        self.ledger = weakref.ref(ledger)  # its ledger, weakly: strongly, a cycle with its registry
         self.dtype = dtype
         self.base = new_tensor(3 * bucket.capacity, dtype, pin_memory)
         self.storage = self.base.untyped_storage()

@@ -137,6 +137,9 @@ class BufferHandle:
                     LATE.append(pool._self_ref)
                     break
                 seen, events, pending = buffer.recorded, buffer.events, None
+                if events and buffer.token != token:  # released by another thread: not ours
+                    self.__exit__(exc_type, exc, tb)  # refuses, as any released handle
+                    return
                 if events:
                     try:  # a copy: a query() (or a thread) may record more meanwhile
                         asked = tuple(events)

@@ -123,7 +123,7 @@ class OutstandingBuffer:
     """One buffer handed out and not yet released, as `BucketPool.outstanding()` lists it.
 
     Attributes:
-        n: the entries of the hand-out's views (after a `shrink`, the count it shrank to).
+        n: the entries the hand-out acquired (a `shrink` does not change it).
         capacity: the capacity of its bucket.
         acquired_at: where it was acquired, or `None` if the pool does not trace (``trace``).
     """

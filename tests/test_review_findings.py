@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+import sys
+import threading
+import types
 import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from bucketpool import BucketPool, PoolError, _lock
+from bucketpool import BucketPool, BufferHandle, PoolError, ReleaseError, _lock
 
 
 class Pending:
@@ -135,3 +139,61 @@ def test_trim_keeps_cached_buffers_that_fit_max_bytes() -> None:
     stats = pool.stats()
     cached_views = stats.view_bytes - 11 * 2048  # the parked buffer's 11 sets
     assert pool.trim(stats.cached_bytes + cached_views) == 0
+
+
+# -- a late second releaser never asks the next hand-out's events --------------------------
+
+
+def test_a_late_releaser_never_asks_the_next_hand_outs_events() -> None:
+    pool = BucketPool()
+    handle = pool.acquire(8)
+    asked_by: list[str] = []
+
+    class Failing:  # the next holder's copy event, whose device reports an error
+        def query(self) -> bool:
+            asked_by.append(threading.current_thread().name)
+            raise RuntimeError("the next holder's device error")
+
+    paused, resume = threading.Event(), threading.Event()
+    code = BufferHandle.__exit__.__code__
+    lines, first = inspect.getsourcelines(BufferHandle.__exit__)
+    pause = first + next(i for i, line in enumerate(lines) if "pool = self._pool" in line)
+
+    def tracer(frame: types.FrameType, event: str, arg: object) -> object:
+        if frame.f_code is not code:
+            return None
+
+        def local(frame: types.FrameType, event: str, arg: object) -> object:
+            if event == "line" and frame.f_lineno == pause and not paused.is_set():
+                paused.set()  # past the token check: the other release lands now
+                resume.wait(30)
+            return local
+
+        return local
+
+    result: list[str] = []
+
+    def late_releaser() -> None:
+        sys.settrace(tracer)  # type: ignore[arg-type]
+        try:
+            handle.release()
+            result.append("returned")
+        except ReleaseError:
+            result.append("ReleaseError")
+        except RuntimeError as error:
+            result.append(f"RuntimeError: {error}")
+        finally:
+            sys.settrace(None)
+
+    thread = threading.Thread(target=late_releaser, name="late")
+    thread.start()
+    assert paused.wait(30)
+    handle.release()  # the release that takes effect
+    following = pool.acquire(8)  # the same buffer, a new hand-out
+    following.record_event(Failing())
+    resume.set()
+    thread.join(30)
+    assert result in (["ReleaseError"], ["returned"])
+    assert asked_by == []
+    with pytest.raises(RuntimeError):
+        following.release()  # its own releaser gets its event's error; parked meanwhile
