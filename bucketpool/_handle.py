@@ -200,7 +200,10 @@ class BufferHandle:
 
     def record_event(self, event: CompletionEvent) -> None:
         """Keep the buffer out of reuse until *event* is done; see `DescriptorBuffers`."""
-        record(self._live("record_event"), self._token, event)
+        buffer, token = self._buffer, self._token
+        if token <= 0 or buffer.token != token:
+            self._refuse("record_event")
+        record(buffer, token, event)
 
     def add_copies(
         self,
