@@ -42,8 +42,15 @@ def take_back(
     if outcome == "recorded":
         return None
     if outcome == "crowded" and buffer is not None:
-        # Room first, in other buckets: the cache never shows more than the cap.
-        room = ledger.max_cached_bytes - ledger.parked_bytes - bucket.nbytes
+        # Room first, in other buckets: the cache never shows more than the cap.  trim_to's
+        # limit counts cached buffers and their views: the rest of the cap is for the parked
+        # ones, theirs, and this buffer with its views (a parked one's are counted already).
+        try:
+            queued = entry if entry is not None else bucket.inbox[0]  # (a hint: settle decides)
+        except IndexError:
+            queued = None
+        own = bucket.nbytes + queued[3] if queued is not None and queued[1] > 0 else 0
+        room = ledger.max_cached_bytes - ledger.parked_bytes - ledger.parked_views - own
         trim_to(ledger, room, keep=bucket)
         buffer, outcome, leak, problem = ledger.settle(bucket, force=True, entry=entry, seen=seen)
         if outcome == "recorded":

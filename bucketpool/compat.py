@@ -7,9 +7,10 @@ from typing import NamedTuple, SupportsIndex
 
 import torch
 
-from bucketpool._errors import ReleaseError
+from bucketpool._errors import ReleaseError, reentered
 from bucketpool._handle import BufferHandle
 from bucketpool._inputs import read_copies
+from bucketpool._lock import owned
 from bucketpool._pool import ADAPTERS, BucketPool
 from bucketpool._settings import check_count
 from bucketpool._views import CompletionEvent, DescriptorBuffers, IntArray, IntegerInput, write
@@ -158,6 +159,8 @@ class _Adapter(typing.Generic[_Buffers]):
         Raises:
             ReleaseError: *bufs* was released already, or is not from this pool; no change.
             TypeError: *event* has no ``query()`` method; *bufs* stays acquired.
+            PoolError: an *event* given from a finaliser or signal handler that interrupted
+                this thread inside the pool; *bufs* stays acquired (release it after).
             BaseException: what ``event.query()`` raised; released all the same (parked).
         """
         entry = _HELD.get(id(bufs)) if type(bufs) is self._held else None
@@ -169,6 +172,8 @@ class _Adapter(typing.Generic[_Buffers]):
                 "release: event needs a query() -> bool method (torch.Event, "
                 f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
             )
+        if event is not None and owned():  # an event cannot be recorded inside a move
+            raise reentered("release(bufs, event=...)")
         try:  # the handle's moves decide: of two releases of one tuple exactly one works
             if event is not None:
                 handle.record_event(event)

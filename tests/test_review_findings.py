@@ -197,3 +197,30 @@ def test_a_late_releaser_never_asks_the_next_hand_outs_events() -> None:
     assert asked_by == []
     with pytest.raises(RuntimeError):
         following.release()  # its own releaser gets its event's error; parked meanwhile
+
+
+# -- a release that crowds the cap frees the least recently used buffers first -----------
+
+
+def _cached_capacities(pool: BucketPool) -> list[int]:
+    return sorted(b.bucket.capacity for b in pool._ledger.buffers() if b.token == 0)
+
+
+def test_a_crowding_release_frees_the_lru_buffer_though_a_parked_one_keeps_views() -> None:
+    pool = BucketPool(max_cached_bytes=60000, idle_trim_acquires=0)
+    pool.acquire(512).release()  # cached, the least recently used
+    parked = pool.acquire(1024)
+    for count in range(9):
+        parked.shrink(count)  # ten view sets, kept while parked
+    parked.record_event(Pending())
+    parked.release()
+    pool.acquire(256).release()  # crowds the cap: room is made in the other buckets
+    assert _cached_capacities(pool) == [256]
+
+
+def test_a_crowding_release_counts_its_own_view_set() -> None:
+    pool = BucketPool(max_cached_bytes=19000, idle_trim_acquires=0)
+    pool.acquire(512).release()  # 12,288 bytes, no view set, the least recently used
+    with pool.acquire(256):  # 6,144 bytes and one view set (2,048): 20,480 with the 512
+        pass
+    assert _cached_capacities(pool) == [256]
