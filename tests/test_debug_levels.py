@@ -258,7 +258,7 @@ def test_a_rewrite_past_the_shrunk_views_is_still_an_in_flight_write(pool: Bucke
     arrays = handle.arrays  # all 10 entries, kept from before the shrink
     handle.shrink(2)
     handle.record_event(FlagEvent())
-    arrays[2][5] = 99
+    arrays[2][5] ^= 1  # a change whatever the entry held (its memory is not cleared)
     with pytest.raises(InFlightWriteError, match="changed while an earlier recorded copy"):
         handle.record_event(FlagEvent())
     handle.release()
