@@ -64,7 +64,10 @@ class Buffer:
         self.view_bytes = 0  # what the views counted against the cap when it went idle
         self.own_views = level > 0  # debug levels: each hand-out has view sets of its own
         self.strict = level == 2  # (guarded ones)
-        self.version = self.base._version  # a torch change to a view bumps it: `_repair`
+        # torch's version counter (shared by the fields' views) decides only which cached
+        # views to trust, never who holds the buffer (tokens, under the lock, do); the
+        # tensor is always a plain one (`new_tensor`), whose counter never raises.
+        self.version = self.base._version
         self.token = 0  # (the lock's) > 0: held by that hand-out; 0: cached or freed; < 0: parked
         self.n = 0  # the live hand-out's n
         self.events: collections.deque[Any] | list[Any] | None = None
@@ -86,7 +89,7 @@ class Buffer:
 
     def views_for(self, n: int) -> Views:
         """The view set of *n* entries for the live hand-out (its holder alone calls this)."""
-        if self.base._version != self.version:
+        if self.base._version != self.version:  # (views to trust only: see __init__)
             self._repair()
         views = self.views.get(n)
         if views is None:

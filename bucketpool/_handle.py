@@ -90,7 +90,7 @@ class BufferHandle:
         token = self._token
         if token <= 0 or buffer.token != token:
             self._refuse("with")
-        if buffer.base._version == buffer.version:  # (`Buffer.views_for`, inline)
+        if buffer.base._version == buffer.version:  # (`Buffer.views_for` inline: views to trust)
             views = buffer.views.get(self._n) or buffer.cut(self._n)
             views._token = token
             return views

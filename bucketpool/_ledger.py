@@ -247,7 +247,7 @@ class Ledger:
                 self.young += ([buffer, events, self.tick],)
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
-                self.parked_views += cost if token > 0 else buffer.view_bytes
+                self.parked_views += cost  # (only a hand-out that ends parks: token > 0)
                 outcome = "parked"
             elif keep:
                 buffer.token, buffer.events = 0, None
