@@ -102,9 +102,12 @@ class PoolStats:
         hit_rate = f"{100 * self.hits / total:.1f}%" if total else "-"
         waste = self.rounded_entries - self.requested_entries
         lines.append(
-            f"cached_bytes {self.cached_bytes:,}  parked {self.parked} "
-            f"({self.parked_bytes:,} bytes)  hits {self.hits:,}  misses {self.misses:,} "
-            f"(hit rate {hit_rate})  leaks {self.leaks:,}  rounding waste {waste:,} entries"
+            f"cached_bytes {self.cached_bytes:,}  view_bytes {self.view_bytes:,} (cached view "
+            f"sets)  parked {self.parked} ({self.parked_bytes:,} bytes)"
+        )
+        lines.append(
+            f"hits {self.hits:,}  misses {self.misses:,} (hit rate {hit_rate})  leaks "
+            f"{self.leaks:,}  rounding waste {waste:,} entries"
         )
         if self.buckets:
             lines.append(

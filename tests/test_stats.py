@@ -67,23 +67,39 @@ def test_table_without_buckets() -> None:
     assert lines[0].split() == ["current", "peak", "allocated", "freed"]
     assert lines[1].split() == ["allocations", "2", "3", "5", "3"]
     assert lines[2].split() == ["allocated_bytes", "768", "1,152", "1,920", "1,152"]
-    assert "hit rate -" in lines[5]
-    assert "rounding waste 44 entries" in lines[5]
-    assert "leaks 0" in lines[5]
-    assert len(lines) == 6
+    assert lines[5].split() == [
+        *("cached_bytes", "384", "view_bytes", "0", "(cached", "view", "sets)"),
+        *("parked", "0", "(0", "bytes)"),
+    ]
+    assert "hit rate -" in lines[6]
+    assert "rounding waste 44 entries" in lines[6]
+    assert "leaks 0" in lines[6]
+    assert len(lines) == 7
 
 
 def test_table_shows_leaks() -> None:
-    assert "leaks 1,234 " in str(record(leaks=1234)).splitlines()[5]
+    assert "leaks 1,234 " in str(record(leaks=1234)).splitlines()[6]
+
+
+def test_table_shows_the_view_sets_beside_the_cached_buffers(pool: BucketPool) -> None:
+    # Where n varies the view sets outweigh the buffers: the table says what they hold.
+    for n in range(1, 33):
+        with pool.acquire(n):
+            pass
+    stats = pool.stats()
+    assert stats.view_bytes > stats.cached_bytes
+    table = str(stats)
+    assert f"cached_bytes {stats.cached_bytes:,}  view_bytes {stats.view_bytes:,} " in table
+    assert max(len(line) for line in table.splitlines()) < 100
 
 
 def test_table_with_buckets() -> None:
     buckets = (BucketStats(16, 7, 1, 1, 0, 0), BucketStats(1 << 20, 0, 1, 0, 1, 2))
     lines = str(record(buckets, hits=7, misses=2)).splitlines()
-    assert "hit rate 77.8%" in lines[5]
-    assert lines[6].split() == ["bucket", "hits", "misses", "cached", "active", "parked"]
-    assert lines[7].split() == ["16", "7", "1", "1", "0", "0"]
-    assert lines[8].split() == ["1,048,576", "0", "1", "0", "1", "2"]
+    assert "hit rate 77.8%" in lines[6]
+    assert lines[7].split() == ["bucket", "hits", "misses", "cached", "active", "parked"]
+    assert lines[8].split() == ["16", "7", "1", "1", "0", "0"]
+    assert lines[9].split() == ["1,048,576", "0", "1", "0", "1", "2"]
 
 
 def test_stats_table_is_readable(pool: BucketPool) -> None:
