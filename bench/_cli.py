@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,10 +19,10 @@ from pathlib import Path
 import attrs
 
 from bench._json import write_json
-from bench._report import render_table
-from bench._runner import QUICK, Settings, build_cases, run_benchmark
+from bench._report import WIDTH, render_table
+from bench._runner import QUICK, Settings, build_cases, run_benchmark, select_cases, selections
 from bench._targets import USAGE_ERROR, exit_status
-from bench._traces import CASE_KINDS, SELECTIONS, builtin_traces, select_traces
+from bench._traces import CASE_KINDS, builtin_traces
 
 __all__ = ["PROG", "build_parser", "main"]
 
@@ -71,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--trace",
         action="append",
-        choices=SELECTIONS,
         metavar="NAME",
-        help=f"run only this trace, family or case (repeatable): {', '.join(SELECTIONS)}",
+        help="run only this case, as the report names it, or family of traces or kind of cases "
+        f"(repeatable): {', '.join(selections(full))}",
     )
     parser.add_argument("--verbose", action="store_true", help="every figure and every check")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
@@ -102,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Raises:
         SystemExit: argparse rejected the arguments (status 2) or printed help (status 0).
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.json is not None and (why := _unwritable(args.json)) is not None:
         print(f"{PROG}: error: {why}", file=sys.stderr)
         return USAGE_ERROR
@@ -116,16 +118,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         settle_goals=args.strict_check,
     )
     traces = builtin_traces(settings.ops, settings.seed)
-    kinds: Sequence[str] = CASE_KINDS
+    cases = build_cases(settings, traces, CASE_KINDS)
     if args.trace:
-        traces = select_traces(traces, args.trace)
-        kinds = [kind for kind in CASE_KINDS if kind in args.trace]
+        try:
+            cases = select_cases(settings, traces, args.trace)
+        except ValueError as error:
+            parser.error(f"argument --trace: {error}")
     start = time.perf_counter()
 
     def progress(message: str) -> None:
-        print(f"bench {time.perf_counter() - start:6.1f}s {message}", file=sys.stderr, flush=True)
+        head = f"bench {time.perf_counter() - start:6.1f}s "
+        lines = textwrap.wrap(message, WIDTH - len(head), subsequent_indent="  ")
+        print(head + f"\n{' ' * len(head)}".join(lines), file=sys.stderr, flush=True)
 
-    result = run_benchmark(settings, build_cases(settings, traces, kinds), progress=progress)
+    result = run_benchmark(settings, cases, progress=progress)
     if args.json is not None:
         write_json(result, args.json)
     progress("done" + (f", wrote {args.json}" if args.json else ""))

@@ -1,13 +1,15 @@
 """The report on stdout: the traces' step ratios, the fills, the targets with their verdicts.
 
 By default one screen: a row per trace, a row per fill size, the fill step, and a row per
-target figure with its worst case; ``verbose`` adds every figure of every case and every
-check.  Plain text, so that it reads the same in a CI log as in a terminal.
+other target figure with its worst case; ``verbose`` adds every figure of every case and
+lists every check.  Plain text within `WIDTH` columns, so that it reads the same in a CI log
+as in a terminal; its last line says what the promises came to (or ``--check``'s status).
 """
 
 from __future__ import annotations
 
 import collections
+import textwrap
 from collections.abc import Sequence
 
 from bench._cases import FillStepCase, TraceCase
@@ -17,18 +19,29 @@ from bench._runner import BenchResult
 from bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit, Verdict
 from bench._targets import CHECK_FAILED, CHECK_UNSURE, STEP, Check, exit_status
 
-__all__ = ["format_bytes", "format_measurement", "format_value", "render_table"]
+__all__ = ["WIDTH", "format_bytes", "format_measurement", "format_value", "render_table"]
 
+#: The most columns a line of the report takes.
+WIDTH = 99
 #: What is timed, said once in every report.
 _LEGEND = (
-    "step: bucketpool `with pool.acquire(n) as bufs: views = bufs.shrink(end)`; the original\n"
-    "(vLLM's pool, rebuilt in bench/_original.py) and compat: `bufs = pool.acquire(n)`, three\n"
-    "[:end] slices, `pool.release(bufs)`; end = n in 3 steps of 4, else uniform in [n // 2, n).\n"
-    f"Ratios a/b: per-round (paired) medians [{CONFIDENCE:.0%} interval, at least "
-    f"+-{RESOLUTION:.0%}]; lower is better unless the bound says >=."
+    "step: bucketpool `with pool.acquire(n) as bufs: views = bufs.shrink(end)`; the original "
+    "(vLLM's, in bench/_original.py) and compat `bufs = pool.acquire(n)`, three [:end] slices, "
+    "`pool.release(bufs)`; end = n in 3 steps of 4, else uniform in [n // 2, n). Ratios a/b: "
+    f"paired per-round medians [{CONFIDENCE:.0%} interval, at least +-{RESOLUTION:.0%}]; lower "
+    "is better unless the bound says >=."
 )
 #: Verdicts, worst first.
 _VERDICTS: tuple[Verdict, ...] = ("FAIL", "UNSURE", "LOADED", "PASS")
+#: Figures the trace and fill tables show with their verdicts: not repeated below them.
+_SHOWN = (STEP, *(f"add_copies/numpy ({s})" for s in _SOURCES), "setitem/add_copies")
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    """*text* in lines of at most `WIDTH` columns, the later ones indented by *indent*."""
+    return textwrap.wrap(
+        text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
 
 
 def format_bytes(count: float) -> str:
@@ -61,9 +74,22 @@ def format_measurement(measurement: Measurement) -> str:
     return f"{text} [{low}-{high}]"
 
 
-def _columns(rows: Sequence[Sequence[str]], align: str) -> list[str]:
-    """Rows as aligned columns, each left (``l`` in *align*) or right (``r``) aligned."""
+def _columns(rows: Sequence[Sequence[str]], align: str, wrap: int | None = None) -> list[str]:
+    """Rows as aligned columns, each left (``l`` in *align*) or right (``r``) aligned.
+
+    The column *wrap* (left aligned) takes what `WIDTH` leaves it; longer cells continue on
+    the next lines.
+    """
     widths = [max(len(row[i]) for row in rows) for i in range(len(align))]
+    if wrap is not None:
+        room = WIDTH - sum(widths) + widths[wrap] - 2 * (len(align) - 1)
+        widths[wrap] = min(widths[wrap], max(room, 12))
+        lines: list[Sequence[str]] = []
+        for row in rows:
+            parts = textwrap.wrap(row[wrap], widths[wrap], subsequent_indent=" ") or [""]
+            lines.append([*row[:wrap], parts[0], *row[wrap + 1 :]])
+            lines += [[""] * wrap + [part] + [""] * (len(align) - wrap - 1) for part in parts[1:]]
+        rows = lines
     return [
         "  ".join(
             cell.ljust(width) if side == "l" else cell.rjust(width)
@@ -73,11 +99,17 @@ def _columns(rows: Sequence[Sequence[str]], align: str) -> list[str]:
     ]
 
 
-def _verdicts(checks: Sequence[Check]) -> str:
-    """``PASS``, or the verdicts counted (``1 FAIL, 2 PASS``); ``-`` for none."""
+def _verdicts(checks: Sequence[Check], *, short: bool = False) -> str:
+    """``PASS``, or the verdicts counted (``1 FAIL, 2 PASS``); ``-`` for none.
+
+    With *short*, mixed verdicts give the worst one's count only: ``1 of 3 FAIL``.
+    """
     counts = collections.Counter(check.verdict for check in checks)
     if len(counts) == 1:
         return next(iter(counts))
+    if short and counts:
+        worst = next(v for v in _VERDICTS if counts[v])
+        return f"{counts[worst]} of {len(checks)} {worst}"
     return ", ".join(f"{counts[v]} {v}" for v in _VERDICTS if counts[v]) or "-"
 
 
@@ -92,50 +124,43 @@ def _bound(checks: Sequence[Check], *, kind: bool = False) -> str:
 
 def _trace_table(result: BenchResult, traces: Sequence[TraceCase]) -> list[str]:
     rows = [
-        (
-            "trace",
-            "original ns/step",
-            f"{STEP} [interval]",
-            "bound",
-            "verdict",
-            "compat/original",
-            "peak bytes: original / ours",
-        )
+        ("", "original", STEP, "", "", "peak bytes:"),
+        ("trace", "ns/step", f"[{CONFIDENCE:.0%} interval]", "bound", "verdict", "original / ours"),
     ]
     for case in traces:
         figures = result.figures[case.name]
         step = _of(result, case.name, STEP)[:1]  # the promise, else the first goal
-        compat = figures.get("compat/original")
         rows.append(
             (
                 case.name,
-                format_value(figures["original ns/step"].value, "ns"),
+                format_value(figures["original ns/step"].value, "count"),
                 format_measurement(figures[STEP]),
                 _bound(step, kind=True),
                 _verdicts(step),
-                format_measurement(compat) if compat else f"{case.refusals} refused",
                 " / ".join(
                     format_bytes(figures[f"{pool} peak bytes"].value)
                     for pool in ("original", "bucketpool")
                 ),
             )
         )
-    return _columns(rows, "lrrrlrr")
+    return _columns(rows, "lrrrlr")
 
 
 def _fill_table(result: BenchResult, fills: Sequence[FillsCase]) -> list[str]:
-    rows = [("fills: k", "add_copies ns", "bound", *(f"add_copies/numpy ({s})" for s in _SOURCES))]
-    rows[0] += ("setitem/add_copies (>= 100x)",)
+    figures = (*(f"add_copies/numpy ({s})" for s in _SOURCES), "setitem/add_copies")
+    setitem = _bound(_of(result, fills[0].name, "setitem/add_copies")) or ">= 100x"
+    rows = [("", "add_copies", "", *("add_copies/numpy" for _ in _SOURCES), figures[-1])]
+    rows.append(("fills: k", "ns/call", "bound", *(f"({s})" for s in _SOURCES), f"({setitem})"))
     for case in fills:
         cells = []
-        for figure in (*(f"add_copies/numpy ({s})" for s in _SOURCES), "setitem/add_copies"):
+        for figure in figures:
             measured = result.figures[case.name].get(figure)
             checks = [c for c in _of(result, case.name, figure) if c.spec.kind == "promise"]
-            text = format_measurement(measured) if measured else "-"
+            text = format_value(measured.value, measured.unit) if measured else "-"
             cells.append(f"{text} {_verdicts(checks)}" if checks else text)
         ns = result.figures[case.name]["add_copies (arrays) ns/call"].value
         bound = _bound(_of(result, case.name, "add_copies/numpy (arrays)"))
-        rows.append((f"{case.k:,}", format_value(ns, "ns"), bound, *cells))
+        rows.append((f"{case.k:,}", format_value(ns, "count"), bound, *cells))
     return _columns(rows, "rrrrrr")
 
 
@@ -149,21 +174,46 @@ def _excess(check: Check) -> float:
     return (over if check.spec.op == "<=" else -over) / (abs(check.spec.limit) or 1)
 
 
-def _target_rows(checks: Sequence[Check], *, every: bool) -> list[str]:
-    """One row per (kind, figure) with its worst case; with *every*, one row per check."""
+def _worst(checks: Sequence[Check]) -> Check:
+    return min(checks, key=lambda c: (_VERDICTS.index(c.verdict), -_excess(c)))
+
+
+def _groups(checks: Sequence[Check]) -> list[list[Check]]:
+    """The checks by (kind, figure), in first-seen order."""
     groups: dict[tuple[str, str], list[Check]] = {}
     for check in checks:
         groups.setdefault((check.spec.kind, check.spec.figure), []).append(check)
-    rows = [("target", "figure", "case" if every else "worst case", "value", "bound", "")]
-    for group in [[c] for c in checks] if every else list(groups.values()):
-        worst = min(group, key=lambda c: (_VERDICTS.index(c.verdict), -_excess(c)))
-        verdict = _verdicts(group)
-        if every and worst.verdict == "LOADED":
-            verdict += f" (interval: {worst.interval_verdict})"
-        measured = format_measurement(worst.measurement)
-        spec = worst.spec
-        rows.append((spec.kind, spec.figure, worst.case, measured, _bound([worst]), verdict))
-    return _columns(rows, "lllrrl")
+    return list(groups.values())
+
+
+def _target_rows(checks: Sequence[Check]) -> list[str]:
+    """One row per (kind, figure) with its worst case, but the promises the tables judge."""
+    rows = [("target", "figure", "bound", "worst case", "value", "verdict")]
+    for group in _groups(checks):
+        spec = group[0].spec
+        if spec.kind == "promise" and spec.figure in _SHOWN:
+            continue  # in the trace and fill tables, case by case
+        worst = _worst(group)
+        value = format_value(worst.measurement.value, worst.measurement.unit)
+        verdict = _verdicts(group, short=True)
+        rows.append((spec.kind, spec.figure, _bound([worst]), worst.case, value, verdict))
+    return _columns(rows, "llrlrl", wrap=1)
+
+
+def _every_check(checks: Sequence[Check]) -> list[str]:
+    """Every check, under its kind and figure."""
+    lines = []
+    for group in _groups(checks):
+        lines.append(f"{group[0].spec.kind} {group[0].spec.figure}:")
+        rows = []
+        for check in group:
+            verdict: str = check.verdict
+            if verdict == "LOADED":
+                verdict += f" (interval: {check.interval_verdict})"
+            measured = format_measurement(check.measurement)
+            rows.append(("", check.case, measured, _bound([check]), verdict))
+        lines += _columns(rows, "llrrl")
+    return lines
 
 
 def _counts(checks: Sequence[Check], kind: str) -> str:
@@ -171,61 +221,93 @@ def _counts(checks: Sequence[Check], kind: str) -> str:
     return ", ".join(f"{counts[v]} {v}" for v in ("PASS", "FAIL", "UNSURE", "LOADED"))
 
 
+def _named(start: str, checks: Sequence[Check]) -> str:
+    """*start* and the *checks*' names if they fit in `WIDTH` columns, else their cases'."""
+    line = f"{start}: {'; '.join(check.name for check in checks)}"
+    cases = list(dict.fromkeys(check.case for check in checks))
+    for shown in range(len(cases), 0, -1):
+        if len(line) <= WIDTH:
+            break
+        more = f" and {len(cases) - shown} more" if shown < len(cases) else ""
+        line = f"{start}, on {', '.join(cases[:shown])}{more} (see above)"
+    return line
+
+
+def _verdict_line(checks: Sequence[Check], *, strict: bool) -> str:
+    """What the judged targets (promises; with *strict*, every target) came to."""
+    what = "target" if strict else "promise"
+    judged = [check for check in checks if strict or check.spec.kind == "promise"]
+    failed = [check for check in judged if check.verdict == "FAIL"]
+    unsure = [check for check in judged if check.verdict in ("UNSURE", "LOADED")]
+    if failed:
+        return _named(f"{len(failed)} {what}{'s' * (len(failed) > 1)} FAILED", failed)
+    if unsure:
+        return _named(f"no {what} FAILED; not judged (UNSURE or LOADED)", unsure)
+    if not judged:
+        return f"no {what} applies to the cases run"
+    return f"every {what} held ({len(judged)} PASS)"
+
+
 def _exit_line(checks: Sequence[Check], *, strict: bool) -> str:
     status = exit_status(checks, strict=strict)
     flag, what = ("--strict-check", "target") if strict else ("--check", "promise")
-    judged = [check for check in checks if strict or check.spec.kind == "promise"]
     if status == CHECK_FAILED:
-        names = ", ".join(c.name for c in judged if c.verdict == "FAIL")
-        return f"{flag}: exit {status}, a {what} FAILs: {names}"
+        return f"{flag}: exit {status}, a {what} FAILs"
     if status == CHECK_UNSURE:
-        names = ", ".join(c.name for c in judged if c.verdict in ("UNSURE", "LOADED"))
-        return f"{flag}: exit {status}, no {what} FAILs but some could not be judged: {names}"
-    if not judged:
+        return f"{flag}: exit {status}, no {what} FAILs but some could not be judged"
+    if not any(strict or check.spec.kind == "promise" for check in checks):
         return f"{flag}: exit {status}, no {what} applies to the cases run"
     return f"{flag}: exit {status}, every {what} holds"
 
 
-def _closing(result: BenchResult, *, check: bool, strict: bool) -> list[str]:
+def _closing(result: BenchResult, *, verbose: bool, check: bool, strict: bool) -> list[str]:
     checks = result.checks
     lines = [
-        f"promises: {_counts(checks, 'promise')}; goals: {_counts(checks, 'goal')}; "
-        f"run took {result.duration_s:.0f} s"
+        f"run took {result.duration_s:.0f} s; promises: {_counts(checks, 'promise')}",
+        f"goals (never failing --check): {_counts(checks, 'goal')}",
     ]
     loaded = sorted({c.case for c in checks if c.verdict == "LOADED"})
     if loaded:
         peak = max(result.load[case] for case in loaded)
-        lines.append(
+        lines += _wrap(
             f"MACHINE LOOKS LOADED (up to {peak:.1f} other tasks runnable on "
             f"{result.environment['cpus']} CPUs, or a baseline varying by over a quarter) "
-            f"while measuring {', '.join(loaded)}: not judged; rerun on a quiet machine."
+            f"while measuring {', '.join(loaded) if verbose else f'{len(loaded)} cases'}: "
+            "not judged; rerun on a quiet machine."
         )
     if any(c.verdict == "UNSURE" for c in checks):
         lines.append("UNSURE: the interval straddles the bound after the extra rounds (--budget).")
+    lines.append(_verdict_line(checks, strict=strict))
     if check or strict:
         lines.append(_exit_line(checks, strict=strict))
     return lines
 
 
-def _case_table(result: BenchResult, names: Sequence[str]) -> list[str]:
-    rows = [("case", "rounds", "figure", "value [interval]")]
-    for name in names:
-        for i, (figure, measured) in enumerate(result.figures[name].items()):
-            rounds = str(result.rounds[name]) if i == 0 else ""
-            rows.append((name if i == 0 else "", rounds, figure, format_measurement(measured)))
-    return _columns(rows, "lrlr")
+def _case_blocks(result: BenchResult) -> list[str]:
+    """Every case: its name, rounds and description, then each figure and its interval."""
+    lines = []
+    for case in result.cases:
+        lines += _wrap(f"{case.name} ({result.rounds[case.name]} rounds): {case.description}")
+        figures = result.figures[case.name].items()
+        rows = [("", figure, format_measurement(measured)) for figure, measured in figures]
+        lines += _columns(rows, "llr", wrap=1) if rows else []
+    return lines
 
 
 def render_table(
     result: BenchResult, *, verbose: bool = False, check: bool = False, strict: bool = False
 ) -> str:
-    """Return the report, ending in a newline; with *check* or *strict*, its exit line last."""
+    """Return the report, ending in a newline, every line within `WIDTH` columns.
+
+    Its last line says what the promises came to (with *strict*: every target), or with
+    *check* or *strict* the exit status.
+    """
     env = result.environment
-    lines = [
+    lines = _wrap(
         f"bucketpool {env['version']} benchmark: Python {env['python']}, torch {env['torch']}, "
-        f"numpy {env['numpy']}, {env['platform']}, {env['cpus']} CPUs",
-        _LEGEND,
-    ]
+        f"numpy {env['numpy']}, {env['cpus']} CPUs, {env['platform']}"
+    )
+    lines += _wrap(_LEGEND, "")
     traces = [case for case in result.cases if isinstance(case, TraceCase)]
     fills = [case for case in result.cases if isinstance(case, FillsCase)]
     if traces:
@@ -235,17 +317,20 @@ def render_table(
     for case in result.cases:
         if isinstance(case, FillStepCase):
             ratios = result.figures[case.name]
+            text = ", ".join(
+                f"{format_measurement(ratios[f'{STEP} ({way})'])} against {way}"
+                for way in ("setitem", "numpy")
+            )
             lines += [
                 "",
-                f"fill-step ({case.trace.name}, {case.trace.ops:,} steps, add_copies from arrays): "
-                + ", ".join(
-                    f"bucketpool/original ({way}) {format_measurement(ratios[f'{STEP} ({way})'])}"
-                    for way in ("setitem", "numpy")
+                *_wrap(
+                    f"fill-step ({case.trace.name}, {case.trace.ops:,} steps, add_copies from "
+                    f"arrays), {STEP}: {text}"
                 ),
             ]
     if verbose:
-        lines += ["", *_case_table(result, [case.name for case in result.cases]), ""]
-        lines += [f"  {case.name}: {case.description}" for case in result.cases]
+        lines += ["", *_case_blocks(result)]
     if result.checks:
-        lines += ["", *_target_rows(result.checks, every=verbose)]
-    return "\n".join([*lines, "", *_closing(result, check=check, strict=strict)]) + "\n"
+        lines += ["", *(_every_check if verbose else _target_rows)(result.checks)]
+    closing = _closing(result, verbose=verbose, check=check, strict=strict)
+    return "\n".join([*lines, "", *closing]) + "\n"

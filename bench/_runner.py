@@ -33,7 +33,15 @@ from bench._fills import FILL_SIZES, FillsCase
 from bench._parked import CollectCase, EventedCase, ParkedCase, ParkedStuckCase
 from bench._stats import RESOLUTION, Measurement
 from bench._targets import TARGETS, Check, TargetSpec, check_targets
-from bench._traces import CASE_KINDS, DEFAULT_OPS, QUICK_OPS, Trace
+from bench._traces import (
+    CASE_KINDS,
+    DEFAULT_OPS,
+    QUICK_OPS,
+    SELECTIONS,
+    TRACE_NAMES,
+    Trace,
+    select_traces,
+)
 
 __all__ = [
     "LOAD_TOLERANCE",
@@ -45,6 +53,8 @@ __all__ = [
     "environment",
     "other_runnable",
     "run_benchmark",
+    "select_cases",
+    "selections",
 ]
 
 #: Called with one line before each step of a run.
@@ -120,6 +130,37 @@ def build_cases(settings: Settings, traces: Sequence[Trace], kinds: Iterable[str
         if kind in chosen:
             cases.extend(make())
     return cases
+
+
+def select_cases(settings: Settings, traces: Sequence[Trace], chosen: Iterable[str]) -> list[Case]:
+    """Return the cases of a run that *chosen* names, in run order.
+
+    A name is a case's name as the report prints it, a family of traces (``repeated``,
+    ``loguniform``) or a kind of cases (`CASE_KINDS`: all its cases).
+
+    Raises:
+        ValueError: a name selects no case; the message lists `selections`.
+    """
+    chosen = set(chosen)
+    cases = build_cases(settings, select_traces(traces, chosen & set(SELECTIONS)), ())
+    for kind in CASE_KINDS:
+        made = build_cases(settings, (), [kind])
+        cases += [case for case in made if kind in chosen or case.name in chosen]
+    unknown = chosen - set(SELECTIONS) - {case.name for case in cases}
+    if unknown:
+        raise ValueError(
+            f"no case named {', '.join(map(repr, sorted(unknown)))}; "
+            f"choose from: {', '.join(selections(settings))}"
+        )
+    return cases
+
+
+def selections(settings: Settings) -> list[str]:
+    """What `select_cases` accepts: the families and traces, then each kind and its cases."""
+    names = ["repeated", "loguniform", *TRACE_NAMES]
+    for kind in CASE_KINDS:
+        names += [kind, *(c.name for c in build_cases(settings, (), [kind]) if c.name != kind)]
+    return names
 
 
 @typing.final

@@ -85,8 +85,10 @@ def test_check_exit_status(
     assert f"promises: {int(promise == 'PASS')} PASS" in out
     if argv:  # the report's last line says what --check gives, and only with --check
         assert out.splitlines()[-1].startswith(f"{argv[0]}: exit {status},")
-    else:
+    else:  # what the promises came to
         assert "-check: exit" not in out
+        last = {"PASS": "every promise held", "FAIL": "1 promise FAILED: promise-case: a/b"}
+        assert out.splitlines()[-1].startswith(last.get(promise, "no promise FAILED; not judged"))
 
 
 def test_a_loaded_promise_exits_3(
@@ -116,6 +118,7 @@ def test_a_tiny_real_run_with_check(tmp_path: Path, capsys: pytest.CaptureFixtur
     }
     assert status == (1 if "FAIL" in promises else 3 if promises - {"PASS"} else 0)
     out, err = capsys.readouterr()
+    assert max(len(line) for line in (out + err).splitlines()) < 100
     assert "repeated-64" in out
     assert "[1/2] repeated-64" in err
     assert "[2/2] compat" in err
@@ -143,9 +146,38 @@ def test_families_select_their_traces_and_cases(
     capsys.readouterr()
 
 
+def test_every_case_the_report_names_is_a_trace_option(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chosen: list[list[str]] = []
+
+    def run(settings: runner.Settings, cases: Sequence[Case], **_: object) -> object:
+        chosen.append([case.name for case in cases])
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "run_benchmark", run)
+    with pytest.raises(SystemExit):
+        cli.main([])
+    (everything,) = chosen
+    assert "fills-64" in everything
+    for name in everything:  # as the report names the case, --trace takes it: it alone
+        with pytest.raises(SystemExit):
+            cli.main(["--trace", name])
+        assert chosen[-1] == [name]
+    with pytest.raises(SystemExit):
+        cli.main(["--trace", "fills-64", "--trace", "spike", "--trace", "debug"])
+    assert chosen[-1] == ["spike", "fills-64", "debug"]  # in run order
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    listed = " ".join(capsys.readouterr().out.split())
+    assert all(f" {name}," in listed or f" {name} " in listed for name in everything)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
+        ["--trace", "fills-63"],
         ["--rounds", "0"],
         ["--repeats", "many"],
         ["--ops", "-3"],

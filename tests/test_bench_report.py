@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import _bench_case
+import attrs
 import pytest
 
 from bench import _report as report
 from bench._runner import BenchResult
-from bench._stats import Measurement, exact
+from bench._stats import Measurement, Verdict, exact
 from bench._traces import TRACE_NAMES
 
 #: The most lines the summary may take: one screen.
@@ -48,24 +52,31 @@ def test_the_summary_fits_one_screen_and_says_each_headline(tiny_run: BenchResul
         assert len(rows_of(summary, k)) == 1
     assert "fill-step (normal-64, 20 steps" in summary
     assert "-check: exit" not in summary
+    # The step and fill promises are in those tables, case by case; the rest below, each once.
     promise_rows = {" ".join(row[1:3]) for row in rows_of(summary, "promise")}
-    assert "add_copies/numpy (arrays)" in promise_rows  # one row per figure, its worst case
-    assert len(rows_of(summary, "promise")) == len(
-        {c.spec.figure for c in tiny_run.checks if c.spec.kind == "promise"}
-    )
+    assert "bucketpool allocations" in promise_rows
+    assert "add_copies/numpy (arrays)" not in promise_rows
+    shown = {"bucketpool/original", "setitem/add_copies"}
+    shown |= {f"add_copies/numpy ({source})" for source in ("arrays", "lists")}
+    figures = {c.spec.figure for c in tiny_run.checks if c.spec.kind == "promise"}
+    assert len(rows_of(summary, "promise")) == len(figures - shown)
 
 
 def test_verbose_has_every_figure_and_every_check(tiny_run: BenchResult) -> None:
     table = report.render_table(tiny_run, verbose=True)
     for case, figures in tiny_run.figures.items():
-        assert f"  {case}: " in table  # described
+        assert f"\n{case} ({tiny_run.rounds[case]} rounds): " in table  # described
         for figure in figures:
             assert figure in table
-    rows = [line for line in table.splitlines() if line.startswith(("promise ", "goal "))]
+    lines = table.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith(("promise ", "goal "))]
+    indented = functools.partial(itertools.takewhile, lambda line: line.startswith("  "))
+    rows = [(lines[i], row.split()) for i in heads for row in indented(lines[i + 1 :])]
     assert len(rows) == len(tiny_run.checks)
-    for check, row in zip(tiny_run.checks, rows, strict=True):
-        assert f" {check.case} " in row
-        assert row.split()[-1] in (check.verdict, f"{check.interval_verdict})")
+    for check in tiny_run.checks:  # under its kind and figure, its case and verdict
+        verdicts = (check.verdict, f"{check.interval_verdict})")
+        head = f"{check.spec.kind} {check.spec.figure}:"
+        assert any(h == head and r[0] == check.case and r[-1] in verdicts for h, r in rows)
 
 
 def test_the_exit_line_comes_last_with_check(tiny_run: BenchResult) -> None:
@@ -73,3 +84,40 @@ def test_the_exit_line_comes_last_with_check(tiny_run: BenchResult) -> None:
     assert checked[-1].startswith("--check: exit ")
     strict = report.render_table(tiny_run, check=True, strict=True).splitlines()
     assert strict[-1].startswith("--strict-check: exit ")
+
+
+def judged(result: BenchResult, verdicts: dict[str, Verdict]) -> BenchResult:
+    """*result* with each check's verdict set by its case (others PASS), its interval's too."""
+    checks = tuple(
+        attrs.evolve(c, verdict=verdicts.get(c.case, "PASS"), interval_verdict="UNSURE")
+        for c in result.checks
+    )
+    return attrs.evolve(result, checks=checks)
+
+
+@pytest.mark.parametrize("verdict", ["PASS", "FAIL", "UNSURE", "LOADED"])
+def test_every_line_fits_100_columns(tiny_run: BenchResult, verdict: Verdict) -> None:
+    # The longest verdicts on every case: LOADED names the interval's, FAIL names the checks.
+    result = judged(tiny_run, dict.fromkeys(tiny_run.figures, verdict))
+    for flags in ({}, {"verbose": True}, {"check": True}, {"check": True, "strict": True}):
+        text = report.render_table(result, **flags)
+        assert max(len(line) for line in text.splitlines()) <= report.WIDTH < 100, flags
+    assert len(report.render_table(result).splitlines()) <= SCREEN
+
+
+def test_the_last_line_says_what_the_promises_came_to(tiny_run: BenchResult) -> None:
+    def last(verdicts: dict[str, Verdict]) -> str:
+        return report.render_table(judged(tiny_run, verdicts)).splitlines()[-1]
+
+    promised = len([c for c in tiny_run.checks if c.spec.kind == "promise"])
+    assert last({}) == f"every promise held ({promised} PASS)"
+    assert last({"compat": "FAIL"}) == "1 promise FAILED: compat: refused calls"
+    two = "2 promises FAILED: evented: evented/plain; compat: refused calls"
+    assert last({"evented": "FAIL", "compat": "FAIL"}) == two
+    spike = len([c for c in tiny_run.checks if c.spec.kind == "promise" and c.case == "spike"])
+    named = last({"spike": "FAIL", "compat": "FAIL"})  # the names do not fit: the cases
+    assert named == f"{spike + 1} promises FAILED, on spike, compat (see above)"
+    every = last(dict.fromkeys(tiny_run.figures, "FAIL"))  # too many to name: their cases
+    assert every.startswith(f"{promised} promises FAILED, on repeated-64, ")
+    assert every.endswith(" more (see above)")
+    assert last({"spike": "LOADED"}).startswith("no promise FAILED; not judged (UNSURE or ")
