@@ -58,7 +58,7 @@ def test_the_step_on_every_trace(trace: str) -> None:
         assert not specs_for(trace, STEP, "promise")
         assert limit_of(trace, STEP, "goal") == 1.0
     else:
-        assert limit_of(trace, STEP) == (1.0 if recur else 1.15)
+        assert limit_of(trace, STEP) == (1.0 if recur else 1.3)
     assert limit_of(trace, "compat/original", "goal") == 1.25
     assert not specs_for(trace, "compat/original", "promise")
     assert limit_of(trace, "compat refusals") == 0
