@@ -18,7 +18,7 @@ IntArray = npt.NDArray[np.integer[Any]]
 #: ``(first, k, sources, destinations, sizes)``: columns of the pool's dtype; sizes may be an int.
 Plan = tuple[int, int, IntArray, IntArray, "IntArray | int"]
 
-_I64 = np.dtype(np.int64)
+_I64, _U64 = np.dtype(np.int64), np.dtype(np.uint64)
 _INT = frozenset((int,))
 _ACCEPTED = "a 1-D numpy integer array, a CPU integer tensor or a sequence of ints"
 _SUSPECT = frozenset((bool, np.bool_, np.ndarray))  # list items numpy may read as ints
@@ -201,26 +201,37 @@ def read_block_copies(
     if not count:
         empty = np.empty(0, dtype)
         return start, 0, empty, empty, empty
-    src = _check_blocks(src, "src_blocks", bases[0], step)
-    dst = _check_blocks(dst, "dst_blocks", bases[1], step)
-    sizes = np.full(count, step, _I64)
+    # Both columns in one array between sentinel blocks (-2: never one before a block), so
+    # that the runs' bounds include both ends: at small k a fill costs what its numpy calls
+    # do, and most steps below are one call for both columns.
+    flat = np.empty(2 * count + 2, _I64)
+    flat[1 : count + 1], flat[count + 1 : -1] = src, dst
+    unsigned = flat[1:-1].view(_U64)  # a negative index (or one of 2**63 or more) is huge
+    extent = (unsigned.item(unsigned.argmax()) + 1) * step
+    if extent > MAX_BYTES or max(bases) + extent > MAX_ADDRESS + 1:  # find which, and why
+        _check_blocks(src, "src_blocks", bases[0], step)
+        _check_blocks(dst, "dst_blocks", bases[1], step)
+    flat[0] = flat[-1] = -2
     if coalesce and count > 1:
-        breaks = ((src[1:] - src[:-1]) != 1) | ((dst[1:] - dst[:-1]) != 1)
-        if not breaks.all():
-            starts = np.flatnonzero(np.concatenate(([True], breaks)))
-            sizes = np.diff(np.append(starts, count)) * step
-            src, dst = src[starts], dst[starts]
+        breaks = (flat[1 : count + 2] - flat[: count + 1]) != 1  # (a temporary per column:
+        breaks |= (flat[count + 1 :] - flat[count:-1]) != 1  # half the peak memory of one)
+        bounds = breaks.nonzero()[0]  # each run's first copy, then count
+    flat *= step  # offsets below 2**63: exact; the bases wrap mod 2**64
+    src, dst = flat[1 : count + 1], flat[count + 1 : -1]
+    sizes: IntArray | int = step
+    src += bases[0] - (1 << 64) if bases[0] > MAX_BYTES else bases[0]
+    dst += bases[1] - (1 << 64) if bases[1] > MAX_BYTES else bases[1]
+    if coalesce and count > 1 and len(bounds) <= count:
+        src, dst, sizes = src[bounds[:-1]], dst[bounds[:-1]], (bounds[1:] - bounds[:-1]) * step
     if trim:
+        sizes = sizes if isinstance(sizes, np.ndarray) else np.full(count, step, _I64)
         sizes[-1] -= trim
-    columns = []
-    for blocks, base in ((src, bases[0]), (dst, bases[1])):
-        column = blocks * np.int64(step)  # offsets below 2**63: exact
-        column += np.uint64(base).astype(_I64) if base > MAX_BYTES else np.int64(base)
-        columns.append(column.view(dtype))
-    return start, len(sizes), columns[0], columns[1], sizes.view(dtype)
+    if dtype is not _I64:
+        src, dst = src.view(dtype), dst.view(dtype)
+    return start, len(src), src, dst, sizes
 
 
-def _check_blocks(indices: IntArray, name: str, base: int, step: int) -> npt.NDArray[np.int64]:
+def _check_blocks(indices: IntArray, name: str, base: int, step: int) -> None:
     dtype = indices.dtype
     unsigned = indices if dtype.kind == "u" else indices.view(f"u{dtype.itemsize}")
     top = int(unsigned.item(unsigned.argmax()))  # a negative one reads as the largest
@@ -237,4 +248,3 @@ def _check_blocks(indices: IntArray, name: str, base: int, step: int) -> npt.NDA
             f"{name} reaches block {top}, which ends at {base + extent}, past the 64-bit "
             f"address space (base {base}, {step} bytes per block)"
         )
-    return indices.astype(_I64, copy=False)
