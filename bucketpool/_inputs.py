@@ -21,6 +21,7 @@ Plan = tuple[int, int, IntArray, IntArray, "IntArray | int"]
 _I64, _U64 = np.dtype(np.int64), np.dtype(np.uint64)
 _INT = frozenset((int,))
 _ACCEPTED = "a 1-D numpy integer array, a CPU integer tensor or a sequence of ints"
+_CONVERT = "pass an integer tensor or array (tensor.long(), array.astype(np.int64)) or ints"
 _SUSPECT = frozenset((bool, np.bool_, np.ndarray))  # list items numpy may read as ints
 
 
@@ -110,8 +111,10 @@ def _to_array(values: object, name: str) -> IntArray:
             )
         try:
             arr = np.asarray(values.numpy())  # base class even if a subclass overrides numpy()
-        except (TypeError, RuntimeError) as exc:
-            raise TypeError(f"{name} must hold integers, got {_describe(values)}: {exc}") from None
+        except (TypeError, RuntimeError):
+            raise TypeError(
+                f"{name} must hold integers, got {_describe(values)}; {_CONVERT}"
+            ) from None
     elif isinstance(values, Sequence) and not isinstance(values, (str, bytes, bytearray)):
         from_python = True
         items = list(values)  # read once, so that what is checked is what is converted
@@ -122,11 +125,13 @@ def _to_array(values: object, name: str) -> IntArray:
         if (arr.dtype.kind in "fO" and arr.ndim == 1) or (  # ints past 2**63 mixed in, or bools
             arr.dtype.kind in "iu" and not _SUSPECT.isdisjoint(map(type, items))
         ):
-            arr = _python_ints(items, name)
+            arr = _python_ints(values, items, name)
     else:
         raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}")
+    if arr.dtype.kind not in "iu" and from_python:  # strings, bools, nested sequences
+        arr = _python_ints(values, items, name)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got {_describe(arr)}")
+        raise TypeError(f"{name} must hold integers, got {_describe(values)}; {_CONVERT}")
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
     if not arr.dtype.isnative:
@@ -136,11 +141,14 @@ def _to_array(values: object, name: str) -> IntArray:
     return arr
 
 
-def _python_ints(items: Sequence[object], name: str) -> npt.NDArray[np.uint64]:
+def _python_ints(values: object, items: list[object], name: str) -> npt.NDArray[np.uint64]:
+    """*items* (read from *values*) as uint64, or the error naming the first that is no int."""
     for i, value in enumerate(items):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(
-                f"{name} must hold integers, got {name}[{i}] = {value!r} ({type(value).__name__})"
+                f"{name} must hold integers, got a {type(values).__name__} whose item "
+                f"{name}[{i}] = {value!r:.40} is a {type(value).__name__}; pass ints (addresses, "
+                "block indices, byte counts)"
             )
         if not 0 <= value <= MAX_ADDRESS:
             raise ValueError(f"{name}[{i}] = {value} does not fit in 64 bits (0..2**64-1)")
@@ -149,7 +157,7 @@ def _python_ints(items: Sequence[object], name: str) -> npt.NDArray[np.uint64]:
 
 def _describe(values: object) -> str:
     if isinstance(values, (np.ndarray, torch.Tensor)):
-        kind = "a numpy array" if isinstance(values, np.ndarray) else "a tensor"
+        kind = "a numpy array" if isinstance(values, np.ndarray) else "a torch tensor"
         return f"{kind} of dtype {values.dtype}"
     return f"{type(values).__name__} {values!r:.60}"
 
