@@ -220,19 +220,24 @@ def read_block_copies(
         _check_blocks(src, "src_blocks", bases[0], step)
         _check_blocks(dst, "dst_blocks", bases[1], step)
     flat[0] = flat[-1] = -2
+    runs = None  # each run's first copy, then count: where runs were found to merge
     if coalesce and count > 1:
         breaks = (flat[1 : count + 2] - flat[: count + 1]) != 1  # (a temporary per column:
-        breaks |= (flat[count + 1 :] - flat[count:-1]) != 1  # half the peak memory of one)
-        bounds = breaks.nonzero()[0]  # each run's first copy, then count
+        if not breaks.item(breaks.argmin()):  # half the peak memory of one)
+            breaks |= (flat[count + 1 :] - flat[count:-1]) != 1
+            bounds = breaks.nonzero()[0]
+            runs = bounds if len(bounds) <= count else None
     flat *= step  # offsets below 2**63: exact; the bases wrap mod 2**64
     src, dst = flat[1 : count + 1], flat[count + 1 : -1]
-    sizes: IntArray | int = step
     src += bases[0] - (1 << 64) if bases[0] > MAX_BYTES else bases[0]
     dst += bases[1] - (1 << 64) if bases[1] > MAX_BYTES else bases[1]
-    if coalesce and count > 1 and len(bounds) <= count:
-        src, dst, sizes = src[bounds[:-1]], dst[bounds[:-1]], (bounds[1:] - bounds[:-1]) * step
+    sizes: IntArray | int = step
+    if runs is not None and len(runs) == 2:  # one run: one copy
+        src, dst, sizes = src[:1], dst[:1], count * step
+    elif runs is not None:
+        src, dst, sizes = src[runs[:-1]], dst[runs[:-1]], (runs[1:] - runs[:-1]) * step
     if trim:
-        sizes = sizes if isinstance(sizes, np.ndarray) else np.full(count, step, _I64)
+        sizes = sizes if isinstance(sizes, np.ndarray) else np.full(len(src), sizes, _I64)
         sizes[-1] -= trim
     if dtype is not _I64:
         src, dst = src.view(dtype), dst.view(dtype)

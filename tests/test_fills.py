@@ -321,6 +321,27 @@ def test_consecutive_blocks_become_one_descriptor() -> None:
     assert unsigned(arrays[0])[2:] == [SENTINEL] * 2
 
 
+@pytest.mark.parametrize(
+    ("src_blocks", "dst_blocks", "total_bytes"),
+    [
+        ([0, 1], [2, 3], None),  # the last source block is one before the first destination
+        ([2, 3], [0, 1], 12),
+        ([0, 2, 4], [0, 1, 2], None),  # no source run: the destinations' runs do not count
+        ([0, 1, 2], [7, 9, 10], 20),
+        ([0, 0, 1], [255, 0, 1], None),
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.uint32, np.int64, np.uint64])
+def test_runs_are_found_in_every_index_dtype_at_the_columns_ends(
+    src_blocks: list[int], dst_blocks: list[int], total_bytes: int | None, dtype: Any
+) -> None:
+    arrays = make_arrays(3)
+    src, dst = np.array(src_blocks, dtype), np.array(dst_blocks, dtype)
+    end = add_block_copies(arrays, 0, 64, 1 << 20, src, dst, 8, total_bytes=total_bytes)
+    expected = reference_blocks(64, 1 << 20, src_blocks, dst_blocks, 8, total_bytes, True)
+    assert descriptors(arrays, 0, end) == expected
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_shuffled_blocks_stay_separate(dtype: Any) -> None:
     arrays = make_arrays(1024, dtype)
