@@ -142,7 +142,6 @@ def _to_array(values: object, name: str) -> IntArray:
 
 
 def _python_ints(values: object, items: list[object], name: str) -> npt.NDArray[np.uint64]:
-    """*items* (read from *values*) as uint64, or the error naming the first that is no int."""
     for i, value in enumerate(items):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(

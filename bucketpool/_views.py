@@ -58,15 +58,14 @@ class DescriptorBuffers(NamedTuple):
         *,
         step: SupportsIndex = 1,
     ) -> int:
-        """Write copies into entries ``first, first + step, ...`` and return the entry after.
+        """Write copies into entries ``first, first + step, ...``; return the entry after the last.
 
         Copy ``i`` moves ``byte_counts[i]`` bytes from ``sources[i]`` to ``destinations[i]``
-        (*byte_counts* may be one int) and goes to entry ``first + i * step``: ``step=1``
-        fills ``[first, first + k)``; a larger one interleaves fills, e.g. one per layer with
-        ``first=layer, step=num_layers``.  Returns the entry after the last one written
-        (``first + k`` at ``step=1``; *first* when k is 0), so the last interleaved fill
-        returns the count to pass `shrink`.  Addresses are 0..2**64-1 (64-bit values taken
-        as bits; others >= 0), byte counts 0..2**63-1.  A call that raises writes nothing.
+        (*byte_counts* may be one int) in entry ``first + i * step`` (``step=1``: entries
+        ``[first, first + k)``, returns ``first + k``); one fill per layer with ``first=layer,
+        step=num_layers`` interleaves them, the last returning the count.  Addresses are
+        0..2**64-1 (64-bit values taken as bits; others >= 0), byte counts 0..2**63-1.  A call
+        that raises writes nothing.
 
         Raises:
             ReleaseError: the hand-out these views belong to is over.
