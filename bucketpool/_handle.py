@@ -211,10 +211,12 @@ class BufferHandle:
         sources: IntegerInput,
         destinations: IntegerInput,
         byte_counts: IntegerInput | SupportsIndex,
+        *,
+        step: SupportsIndex = 1,
     ) -> int:
         """Write copies into the views; see `DescriptorBuffers.add_copies`."""
         views = self._live("add_copies").views_for(self._n)
-        return views.add_copies(first, sources, destinations, byte_counts)
+        return views.add_copies(first, sources, destinations, byte_counts, step=step)
 
     def add_block_copies(
         self,

@@ -18,9 +18,10 @@ IntArray = npt.NDArray[np.integer[Any]]
 #: ``(first, k, sources, destinations, sizes)``: columns of the pool's dtype; sizes may be an int.
 Plan = tuple[int, int, IntArray, IntArray, "IntArray | int"]
 
-_I64 = np.dtype(np.int64)
+_I64, _U64 = np.dtype(np.int64), np.dtype(np.uint64)
 _INT = frozenset((int,))
 _ACCEPTED = "a 1-D numpy integer array, a CPU integer tensor or a sequence of ints"
+_CONVERT = "pass an integer tensor or array (tensor.long(), array.astype(np.int64)) or ints"
 _SUSPECT = frozenset((bool, np.bool_, np.ndarray))  # list items numpy may read as ints
 
 
@@ -110,8 +111,10 @@ def _to_array(values: object, name: str) -> IntArray:
             )
         try:
             arr = np.asarray(values.numpy())  # base class even if a subclass overrides numpy()
-        except (TypeError, RuntimeError) as exc:
-            raise TypeError(f"{name} must hold integers, got {_describe(values)}: {exc}") from None
+        except (TypeError, RuntimeError):
+            raise TypeError(
+                f"{name} must hold integers, got {_describe(values)}; {_CONVERT}"
+            ) from None
     elif isinstance(values, Sequence) and not isinstance(values, (str, bytes, bytearray)):
         from_python = True
         items = list(values)  # read once, so that what is checked is what is converted
@@ -122,11 +125,13 @@ def _to_array(values: object, name: str) -> IntArray:
         if (arr.dtype.kind in "fO" and arr.ndim == 1) or (  # ints past 2**63 mixed in, or bools
             arr.dtype.kind in "iu" and not _SUSPECT.isdisjoint(map(type, items))
         ):
-            arr = _python_ints(items, name)
+            arr = _python_ints(values, items, name)
     else:
         raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}")
+    if arr.dtype.kind not in "iu" and from_python:  # strings, bools, nested sequences
+        arr = _python_ints(values, items, name)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got {_describe(arr)}")
+        raise TypeError(f"{name} must hold integers, got {_describe(values)}; {_CONVERT}")
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
     if not arr.dtype.isnative:
@@ -136,11 +141,13 @@ def _to_array(values: object, name: str) -> IntArray:
     return arr
 
 
-def _python_ints(items: Sequence[object], name: str) -> npt.NDArray[np.uint64]:
+def _python_ints(values: object, items: list[object], name: str) -> npt.NDArray[np.uint64]:
     for i, value in enumerate(items):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(
-                f"{name} must hold integers, got {name}[{i}] = {value!r} ({type(value).__name__})"
+                f"{name} must hold integers, got a {type(values).__name__} whose item "
+                f"{name}[{i}] = {value!r:.40} is a {type(value).__name__}; pass ints (addresses, "
+                "block indices, byte counts)"
             )
         if not 0 <= value <= MAX_ADDRESS:
             raise ValueError(f"{name}[{i}] = {value} does not fit in 64 bits (0..2**64-1)")
@@ -149,7 +156,7 @@ def _python_ints(items: Sequence[object], name: str) -> npt.NDArray[np.uint64]:
 
 def _describe(values: object) -> str:
     if isinstance(values, (np.ndarray, torch.Tensor)):
-        kind = "a numpy array" if isinstance(values, np.ndarray) else "a tensor"
+        kind = "a numpy array" if isinstance(values, np.ndarray) else "a torch tensor"
         return f"{kind} of dtype {values.dtype}"
     return f"{type(values).__name__} {values!r:.60}"
 
@@ -201,26 +208,42 @@ def read_block_copies(
     if not count:
         empty = np.empty(0, dtype)
         return start, 0, empty, empty, empty
-    src = _check_blocks(src, "src_blocks", bases[0], step)
-    dst = _check_blocks(dst, "dst_blocks", bases[1], step)
-    sizes = np.full(count, step, _I64)
+    # Both columns in one array between sentinel blocks (-2: never one before a block), so
+    # that the runs' bounds include both ends: at small k a fill costs what its numpy calls
+    # do, and most steps below are one call for both columns.
+    flat = np.empty(2 * count + 2, _I64)
+    flat[1 : count + 1], flat[count + 1 : -1] = src, dst
+    unsigned = flat[1:-1].view(_U64)  # a negative index (or one of 2**63 or more) is huge
+    extent = (unsigned.item(unsigned.argmax()) + 1) * step
+    if extent > MAX_BYTES or max(bases) + extent > MAX_ADDRESS + 1:  # find which, and why
+        _check_blocks(src, "src_blocks", bases[0], step)
+        _check_blocks(dst, "dst_blocks", bases[1], step)
+    flat[0] = flat[-1] = -2
+    runs = None  # each run's first copy, then count: where runs were found to merge
     if coalesce and count > 1:
-        breaks = ((src[1:] - src[:-1]) != 1) | ((dst[1:] - dst[:-1]) != 1)
-        if not breaks.all():
-            starts = np.flatnonzero(np.concatenate(([True], breaks)))
-            sizes = np.diff(np.append(starts, count)) * step
-            src, dst = src[starts], dst[starts]
+        breaks = (flat[1 : count + 2] - flat[: count + 1]) != 1  # (a temporary per column:
+        if not breaks.item(breaks.argmin()):  # half the peak memory of one)
+            breaks |= (flat[count + 1 :] - flat[count:-1]) != 1
+            bounds = breaks.nonzero()[0]
+            runs = bounds if len(bounds) <= count else None
+    flat *= step  # offsets below 2**63: exact; the bases wrap mod 2**64
+    src, dst = flat[1 : count + 1], flat[count + 1 : -1]
+    src += bases[0] - (1 << 64) if bases[0] > MAX_BYTES else bases[0]
+    dst += bases[1] - (1 << 64) if bases[1] > MAX_BYTES else bases[1]
+    sizes: IntArray | int = step
+    if runs is not None and len(runs) == 2:  # one run: one copy
+        src, dst, sizes = src[:1], dst[:1], count * step
+    elif runs is not None:
+        src, dst, sizes = src[runs[:-1]], dst[runs[:-1]], (runs[1:] - runs[:-1]) * step
     if trim:
+        sizes = sizes if isinstance(sizes, np.ndarray) else np.full(len(src), sizes, _I64)
         sizes[-1] -= trim
-    columns = []
-    for blocks, base in ((src, bases[0]), (dst, bases[1])):
-        column = blocks * np.int64(step)  # offsets below 2**63: exact
-        column += np.uint64(base).astype(_I64) if base > MAX_BYTES else np.int64(base)
-        columns.append(column.view(dtype))
-    return start, len(sizes), columns[0], columns[1], sizes.view(dtype)
+    if dtype is not _I64:
+        src, dst = src.view(dtype), dst.view(dtype)
+    return start, len(src), src, dst, sizes
 
 
-def _check_blocks(indices: IntArray, name: str, base: int, step: int) -> npt.NDArray[np.int64]:
+def _check_blocks(indices: IntArray, name: str, base: int, step: int) -> None:
     dtype = indices.dtype
     unsigned = indices if dtype.kind == "u" else indices.view(f"u{dtype.itemsize}")
     top = int(unsigned.item(unsigned.argmax()))  # a negative one reads as the largest
@@ -237,4 +260,3 @@ def _check_blocks(indices: IntArray, name: str, base: int, step: int) -> npt.NDA
             f"{name} reaches block {top}, which ends at {base + extent}, past the 64-bit "
             f"address space (base {base}, {step} bytes per block)"
         )
-    return indices.astype(_I64, copy=False)

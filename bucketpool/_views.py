@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from bucketpool._errors import CapacityError, ReleaseError, reentered
-from bucketpool._inputs import IntArray, Plan, read_block_copies, read_copies
+from bucketpool._inputs import IntArray, Plan, as_integer, read_block_copies, read_copies
 from bucketpool._lock import owned
 from bucketpool._settings import as_index
 
@@ -55,25 +55,33 @@ class DescriptorBuffers(NamedTuple):
         sources: IntegerInput,
         destinations: IntegerInput,
         byte_counts: IntegerInput | SupportsIndex,
+        *,
+        step: SupportsIndex = 1,
     ) -> int:
-        """Write copies into entries ``[first, first + k)`` and return ``first + k``.
+        """Write copies into entries ``first, first + step, ...``; return the entry after the last.
 
         Copy ``i`` moves ``byte_counts[i]`` bytes from ``sources[i]`` to ``destinations[i]``
-        (*byte_counts* may be one int).  Addresses are 0..2**64-1 (64-bit values taken as
-        bits; others >= 0), byte counts 0..2**63-1.  A call that raises writes nothing.
+        (*byte_counts* may be one int) in entry ``first + i * step`` (``step=1``: entries
+        ``[first, first + k)``, returns ``first + k``); one fill per layer with ``first=layer,
+        step=num_layers`` interleaves them, the last returning the count.  Addresses are
+        0..2**64-1 (64-bit values taken as bits; others >= 0), byte counts 0..2**63-1.  A call
+        that raises writes nothing.
 
         Raises:
             ReleaseError: the hand-out these views belong to is over.
             TypeError: an input is not integer or on the CPU, or the views were not handed out.
-            CapacityError: ``first + k > n`` (an `IndexError` and a `ValueError`).
+            CapacityError: the last entry is ``n`` or more (an `IndexError`, a `ValueError`).
             IndexError: *first* is negative.
-            ValueError: a column is not 1-D, lengths differ, or a value is out of range.
+            ValueError: a column is not 1-D, lengths differ, a value is out of range, or
+                *step* is below 1.
         """
         try:
             buffer = self._buffer  # type: ignore[attr-defined]
         except AttributeError:
             _not_handed_out("add_copies")
         token = self._token  # type: ignore[attr-defined]  # before any user code runs
+        if type(step) is not int:
+            step = as_integer(step, "step", "add_copies")
         dtype = buffer.dtype_np
         if (  # the fast path: arrays of the pool's dtype, every check inline
             type(first) is int
@@ -92,7 +100,7 @@ class DescriptorBuffers(NamedTuple):
             plan = read_copies(first, sources, destinations, byte_counts, dtype)
         if token <= 0 or buffer.token != token:
             _over("add_copies", buffer)
-        return write(buffer.arrays, buffer.n, plan, "add_copies")
+        return write(buffer.arrays, buffer.n, plan, "add_copies", step)
 
     def add_block_copies(
         self,
@@ -200,18 +208,26 @@ class Views(DescriptorBuffers):
 Views.__name__ = Views.__qualname__ = "DescriptorBuffers"  # reprs say the public name
 
 
-def write(arrays: DescriptorArrays, n: int, plan: Plan, op: str) -> int:
-    """Write *plan* into *arrays* of *n* entries, no user code run (shared inputs copied first)."""
+def write(arrays: DescriptorArrays, n: int, plan: Plan, op: str, step: int = 1) -> int:
+    """Write *plan* into *arrays* of *n* entries, *step* apart; no user code run."""
     first, k, sources, destinations, sizes = plan
     end = first + k
+    if step != 1:
+        if step < 1:
+            raise ValueError(
+                f"{op}: step must be >= 1, got step={step}; pass 1 for consecutive entries, "
+                "or the distance between the entries of interleaved fills"
+            )
+        end = first + (k - 1) * step + 1 if k else first
     if first < 0:
         raise IndexError(f"{op}: first must be >= 0, got first={first}")
     if end > n:
         what = "copies" if op == "add_copies" else "descriptors"
+        every = f" every {step} entries" if step != 1 else ""
         raise CapacityError(
-            f"{op}: k={k} {what} starting at first={first} need entries up to {end}, but the "
-            f"buffers hold n={n}; nothing was written: acquire at least {end} entries, or "
-            "split the batch"
+            f"{op}: k={k} {what} starting at first={first}{every} need entries up to {end}, "
+            f"but the buffers hold n={n}; nothing was written: acquire at least {end} "
+            "entries, or split the batch"
         )
     src, dst, size = arrays
     whole = src.base if src.base is not None else src
@@ -219,9 +235,9 @@ def write(arrays: DescriptorArrays, n: int, plan: Plan, op: str) -> int:
         destinations = destinations.copy()
     if type(sizes) is _ndarray and sizes.base is not None and _may_share(sizes, whole):
         sizes = sizes.copy()
-    src[first:end] = sources
-    dst[first:end] = destinations
-    size[first:end] = sizes
+    src[first:end:step] = sources
+    dst[first:end:step] = destinations
+    size[first:end:step] = sizes
     return end
 
 

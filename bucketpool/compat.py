@@ -84,6 +84,8 @@ class _Holding:
         sources: IntegerInput,
         destinations: IntegerInput,
         byte_counts: IntegerInput | SupportsIndex,
+        *,
+        step: SupportsIndex = 1,
     ) -> int:
         """Write copies into the tuple's entries; see `DescriptorBuffers.add_copies`.
 
@@ -98,7 +100,7 @@ class _Holding:
                 "handed out again. Write descriptors before pool.release(bufs), or acquire a "
                 "new triple"
             )
-        return entry[1].add_copies(first, sources, destinations, byte_counts)
+        return entry[1].add_copies(first, sources, destinations, byte_counts, step=step)
 
     def record_event(self, event: object) -> None:
         raise TypeError(

@@ -13,6 +13,7 @@ import pytest
 import torch
 from _fill_cases import (
     DTYPES,
+    SENTINEL,
     SOURCE_FORMS,
     DescriptorArrays,
     add_block_copies,
@@ -411,3 +412,41 @@ def test_a_with_bound_fill_whose_input_releases_the_handle_writes_nothing(
     assert thief.buffers.src_ptrs.tolist() == [7] * 4  # the new holder's entries untouched
     assert thief.n == 4
     thief.release()
+
+
+# -- a refused input is named as it was passed ---------------------------------------------
+
+
+FILLS: dict[str, Callable[[DescriptorArrays, object], int]] = {
+    "sources": lambda arrays, column: add_copies(arrays, 0, column, [1, 2], 8),
+    "src_blocks": lambda arrays, column: add_block_copies(arrays, 0, 0, 0, column, [1, 2], 8),
+}
+
+
+@pytest.mark.parametrize(
+    ("column", "named", "advice"),
+    [
+        (torch.ones(2), "a torch tensor of dtype torch.float32", "tensor.long()"),
+        (torch.ones(2, dtype=torch.bool), "a torch tensor of dtype torch.bool", "tensor.long()"),
+        (torch.ones(2, dtype=torch.bfloat16), "a torch tensor of dtype torch.bfloat16", "long"),
+        (np.ones(2), "a numpy array of dtype float64", "array.astype(np.int64)"),
+        (["a", "b"], "a list whose item {name}[0] = 'a' is a str", "pass ints"),
+        ([1, "b"], "a list whose item {name}[1] = 'b' is a str", "pass ints"),
+        ((1, None), "a tuple whose item {name}[1] = None is a NoneType", "pass ints"),
+        ([[1.0], [2.0]], "a list whose item {name}[0] = [1.0] is a list", "pass ints"),
+    ],
+)
+@pytest.mark.parametrize("name", FILLS)
+def test_a_column_that_is_not_integer_is_named_as_passed(
+    column: object, named: str, advice: str, name: str
+) -> None:
+    arrays = make_arrays(4)
+    with pytest.raises(TypeError) as info:
+        FILLS[name](arrays, column)
+    message = str(info.value)
+    assert named.format(name=name) in message
+    assert advice in message
+    if not isinstance(column, np.ndarray):  # what numpy made of it is not what was passed
+        assert "numpy array" not in message
+        assert "dtype <U" not in message
+    assert snapshot(arrays) == [[SENTINEL] * 4] * 3

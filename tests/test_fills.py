@@ -114,6 +114,86 @@ def test_empty_batch_returns_first_and_writes_nothing() -> None:
     assert snapshot(arrays) == [[SENTINEL] * 4] * 3
 
 
+# -- add_copies: interleaved fills (step) --------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_step_writes_every_step_th_entry_and_returns_the_one_after_the_last(dtype: Any) -> None:
+    arrays = make_arrays(9, dtype)
+    assert add_copies(arrays, 1, [10, 20, 30], [11, 21, 31], [1, 2, 3], step=3) == 8
+    s = SENTINEL
+    assert snapshot(arrays) == [
+        [s, 10, s, s, 20, s, s, 30, s],
+        [s, 11, s, s, 21, s, s, 31, s],
+        [s, 1, s, s, 2, s, s, 3, s],
+    ]
+
+
+def test_one_fill_per_layer_interleaves_as_a_strided_slice_does() -> None:
+    # vLLM's HiSparse: descriptors[slice(layer, count, num_layers)] = column, per layer.
+    layers, k = 3, 4
+    arrays, expected = make_arrays(layers * k), make_arrays(layers * k)
+    ends = []
+    for layer in range(layers):
+        values = np.arange(k, dtype=np.int64) * 100 + layer
+        ends.append(add_copies(arrays, layer, values, values + 1, values + 2, step=layers))
+        for offset, column in enumerate(expected):
+            column[slice(layer, layers * k, layers)] = values + offset
+    assert ends == [10, 11, 12]  # the last layer's fill returns the count
+    assert snapshot(arrays) == snapshot(expected)
+
+
+@given(
+    n=st.integers(0, 12),
+    first=st.integers(0, 12),
+    k=st.integers(0, 6),
+    step=st.integers(1, 5),
+)
+def test_a_strided_fill_fits_exactly_when_its_last_entry_does(
+    n: int, first: int, k: int, step: int
+) -> None:
+    arrays, expected = make_arrays(n), make_arrays(n)
+    values = np.arange(1, k + 1, dtype=np.int64)
+    end = first + (k - 1) * step + 1 if k else first
+    if end > n:
+        with pytest.raises(CapacityError, match=f"need entries up to {end},.* hold n={n}"):
+            add_copies(arrays, first, values, values, values, step=step)
+    else:
+        assert add_copies(arrays, first, values, values, values, step=step) == end
+        for column in expected:
+            column[first:end:step] = values
+    assert snapshot(arrays) == snapshot(expected)
+
+
+@pytest.mark.parametrize(
+    ("step", "error", "fragments"),
+    [
+        (0, ValueError, ["step must be >= 1, got step=0", "pass 1"]),
+        (-2, ValueError, ["step must be >= 1, got step=-2"]),
+        (True, TypeError, ["step must be an integer, not bool", "pass an int"]),
+        (2.0, TypeError, ["step must be an integer, not float (step=2.0)"]),
+        ("2", TypeError, ["step must be an integer, not str"]),
+        (3, CapacityError, ["k=3 copies starting at first=1 every 3 entries", "up to 8", "n=6"]),
+    ],
+)
+def test_a_bad_step_is_refused_and_nothing_is_written(
+    step: Any, error: type[Exception], fragments: list[str]
+) -> None:
+    arrays = make_arrays(6)
+    with pytest.raises(error) as info:
+        add_copies(arrays, 1, [1, 2, 3], [4, 5, 6], 7, step=step)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+    assert snapshot(arrays) == [[SENTINEL] * 6] * 3
+
+
+@pytest.mark.parametrize("step", [np.int64(2), np.uint8(2)])
+def test_a_step_may_be_a_numpy_integer(step: Any) -> None:
+    arrays = make_arrays(4)
+    assert add_copies(arrays, 0, [1, 2], [3, 4], 5, step=step) == 3
+    assert snapshot(arrays)[0] == [1, SENTINEL, 2, SENTINEL]
+
+
 # -- add_copies: addresses at and above 2**63 ----------------------------------------------
 
 
@@ -239,6 +319,27 @@ def test_consecutive_blocks_become_one_descriptor() -> None:
     assert end == 2
     assert descriptors(arrays, 1, 2) == [((1 << 40), (1 << 41) + 5 * 256, 1024 * 256)]
     assert unsigned(arrays[0])[2:] == [SENTINEL] * 2
+
+
+@pytest.mark.parametrize(
+    ("src_blocks", "dst_blocks", "total_bytes"),
+    [
+        ([0, 1], [2, 3], None),  # the last source block is one before the first destination
+        ([2, 3], [0, 1], 12),
+        ([0, 2, 4], [0, 1, 2], None),  # no source run: the destinations' runs do not count
+        ([0, 1, 2], [7, 9, 10], 20),
+        ([0, 0, 1], [255, 0, 1], None),
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.uint32, np.int64, np.uint64])
+def test_runs_are_found_in_every_index_dtype_at_the_columns_ends(
+    src_blocks: list[int], dst_blocks: list[int], total_bytes: int | None, dtype: Any
+) -> None:
+    arrays = make_arrays(3)
+    src, dst = np.array(src_blocks, dtype), np.array(dst_blocks, dtype)
+    end = add_block_copies(arrays, 0, 64, 1 << 20, src, dst, 8, total_bytes=total_bytes)
+    expected = reference_blocks(64, 1 << 20, src_blocks, dst_blocks, 8, total_bytes, True)
+    assert descriptors(arrays, 0, end) == expected
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -540,6 +641,13 @@ def test_descriptor_arrays_in_another_byte_order(byte_order: str, pattern: list[
 
 
 # -- through the handle --------------------------------------------------------------------
+
+
+def test_a_strided_fill_through_the_handle(pool: BucketPool) -> None:
+    handle = pool.acquire(4)
+    assert handle.add_copies(1, [16, 32], [48, 64], 8, step=2) == 4
+    assert handle.buffers.src_ptrs[1:4:2].tolist() == [16, 32]
+    handle.release()
 
 
 def test_add_copies_through_the_handle(pool: BucketPool) -> None:

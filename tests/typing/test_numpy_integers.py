@@ -77,6 +77,8 @@ def check_with_form(pool: BucketPool, n: Count, first: np.intp) -> None:
         assert_type(src, torch.Tensor)
         bufs.shrink(1.0)  # type: ignore[arg-type]
         bufs.add_copies(0, [1], [2], 8, 9)  # type: ignore[call-arg]
+        assert_type(bufs.add_copies(first, [1], [2], 8, step=np.int64(2)), int)
+        bufs.add_copies(0, [1], [2], 8, step=2.0)  # type: ignore[arg-type]
 
 
 def check_construction_counts(n: Count) -> None:
