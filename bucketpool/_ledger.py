@@ -401,6 +401,11 @@ class Ledger:
             more = (self.parked_bytes, self.requested, self.leaks, self.tick, self.view_bytes)
             return (*counts, self.parked[:], (*active, *allocated, *totals, *more))
 
+    def cached_buffers(self) -> list[Buffer]:
+        """Every cached buffer, bucket by bucket, in each the most recently released last."""
+        with LOCK:
+            return [buffer for bucket in self.buckets for buffer in bucket.free]
+
     def buffers(self) -> list[Buffer]:
         """Every buffer not freed, oldest first."""
         with LOCK:
