@@ -295,7 +295,7 @@ class Transfer(NamedTuple):
     bufs: Any
 
 
-def add_worker(tree: Tree) -> type:
+def add_worker(tree: Tree) -> Any:
     """An ``ECCPUWorker`` in *tree*'s worker package, whose shutdown is vLLM's in shape."""
     module = tree.worker
 
@@ -346,7 +346,7 @@ def test_shutdown_still_reports_a_real_leak(build: Builder) -> None:
     worker_class = add_worker(build.tree(AliasedBuffers))
     bucketpool_vllm.install()
     worker = worker_class()
-    bare = object.__new__(worker_class)  # as vLLM's shutdown test makes one: no pool at all
+    bare: Any = object.__new__(worker_class)  # as vLLM's shutdown test makes one: no pool at all
     bare._inflight_saves = bare._inflight_loads = []
     bare.shutdown()
     worker._save_bufs = worker._buf_pool.acquire(3)
