@@ -1,6 +1,7 @@
 """Fetch the vLLM test files .ci/check runs against its wheel, from vLLM's sdist.
 
 Usage: python .ci/vllm_tests.py DESTINATION (a directory; the files go to DESTINATION/tests).
+Nothing is fetched when every file is there already.
 
 The sdist is found through PyPI's simple API in JSON (``pip download --no-binary`` downloads
 it but then fails building its metadata), checked against the pinned SHA-256, and only the
@@ -52,6 +53,8 @@ def sdist_url() -> str:
 
 def main(destination: Path) -> None:
     """Download and check the sdist; extract `FILES` into *destination*/tests."""
+    if all((destination / name).is_file() for name in FILES):
+        return
     with tempfile.TemporaryDirectory() as scratch:
         archive = Path(scratch) / SDIST
         digest = hashlib.sha256()
@@ -75,6 +78,7 @@ def main(destination: Path) -> None:
                 target = partial / name.removeprefix("tests/")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(source.read())
+        shutil.rmtree(destination / "tests", ignore_errors=True)  # an older set of files
         partial.rename(destination / "tests")
 
 
