@@ -401,10 +401,9 @@ class Ledger:
             more = (self.parked_bytes, self.requested, self.leaks, self.tick, self.view_bytes)
             return (*counts, self.parked[:], (*active, *allocated, *totals, *more))
 
-    def cached_buffers(self) -> list[Buffer]:
-        """Every cached buffer, bucket by bucket, in each the most recently released last."""
+    def cached_in(self, bucket: Bucket) -> list[Buffer]:
         with LOCK:
-            return [buffer for bucket in self.buckets for buffer in bucket.free]
+            return [*bucket.free]  # the most recently released last
 
     def buffers(self) -> list[Buffer]:
         """Every buffer not freed, oldest first."""

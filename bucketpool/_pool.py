@@ -394,8 +394,9 @@ def note_release(handle: BufferHandle, bufs: object) -> None:
 def released_tuples(pool: BucketPool) -> list[object]:
     """What *pool*'s cached buffers were last released as (`note_release`), most recent last."""
     pool._drain()  # a release a finaliser queued
-    found = [buffer.last_tuple for buffer in pool._ledger.cached_buffers()]
-    return [bufs for _, bufs in sorted(entry for entry in found if entry is not None)]
+    ledger = pool._ledger
+    found = [buffer.last_tuple for bucket in ledger.buckets for buffer in ledger.cached_in(bucket)]
+    return [entry[1] for entry in sorted(filter(None, found), key=lambda entry: entry[0])]
 
 
 _NO_COPY = (

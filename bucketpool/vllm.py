@@ -61,12 +61,14 @@ _installed: _Installed | None = globals().get("_installed")
 def install() -> None:
     """Make vLLM's EC CPU worker use bucketpool's pool instead of its own (docs/compat.md).
 
-    Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's modules bind
-    them.  Only pools created afterwards are bucketpool's: call it before vLLM builds its
-    workers, in every process.  Again while installed: nothing.  Serialised by a lock.
+    Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's (and
+    vllm-ascend's) modules bind them, and wraps ``ECCPUWorker.shutdown`` to release the
+    triples it drops.  Only pools created afterwards are bucketpool's: call it before vLLM
+    builds its workers, in every process.  Again while installed: nothing.  Serialised by a lock.
 
     Raises:
-        ImportError: vLLM is not installed, or has no EC CPU ``descriptor_buffers`` module.
+        ImportError: vLLM is not installed, or has no EC CPU ``descriptor_buffers`` module;
+            `ModuleNotFoundError` naming a module vLLM imports that is not installed.
         RuntimeError: vLLM's ``DescriptorBuffers`` has neither known set of fields, or its
             pool's tensors are not of one int64 or uint64 dtype; nothing was replaced.
     """
@@ -189,13 +191,11 @@ def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object]
             original(self)
             return
         flights = (*getattr(self, "_inflight_saves", ()), *getattr(self, "_inflight_loads", ()))
-        held = [getattr(transfer, "bufs", None) for transfer in flights]
-        held.append(getattr(self, "_save_bufs", None))
+        held = [*(getattr(flight, "bufs", None) for flight in flights), self._save_bufs]
         original(self)  # its events synchronised: no copy reads the triples any more
-        for bufs in held:
-            if bufs is not None:
-                with contextlib.suppress(ReleaseError):  # released already, or not this pool's
-                    pool.release(bufs)
+        for bufs in filter(None, held):  # (a tuple of three or six fields is true)
+            with contextlib.suppress(ReleaseError):  # released already, or not this pool's
+                pool.release(bufs)
         pool.pool.synchronize()
 
     return ((worker, "shutdown", original, shutdown),)
