@@ -76,7 +76,8 @@ class _Holding:
         return tuple(typing.cast("tuple[typing.Any, ...]", self))
 
     def __del__(self) -> None:
-        _HELD.pop(id(self), None)  # a handle still held reports the leak as it goes
+        if (entry := _HELD.pop(id(self), None)) is not None:  # its handle reports the leak
+            note_release(entry[1], None)  # never released as a tuple: not in `_pool`
 
     def add_copies(
         self,
@@ -154,7 +155,6 @@ class _Adapter(typing.Generic[_Buffers]):
         if type(n) is not int or not 0 <= n <= self._max_capacity:
             n = check_count(n, self._max_capacity)
         handle: BufferHandle = pool.acquire(pool.bucket_capacity(n))
-        note_release(handle, None)  # not in `_pool` until released as this tuple
         fields: tuple[typing.Any, ...] = handle.buffers
         if self._held is _HeldAliasedBuffers:
             fields = (*fields, *handle.arrays)

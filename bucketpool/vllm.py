@@ -27,15 +27,14 @@ _PATHS = (_CANONICAL_PATH, _LEGACY_PATH)
 _TENSOR_FIELDS = ("src_ptrs", "dst_ptrs", "sizes")
 _ALIASED_FIELDS = (*_TENSOR_FIELDS, "src_np", "dst_np", "sizes_np")
 _VLLM_REQUIRED = (
-    "bucketpool.vllm.install() needs vLLM, which is not installed here (bucketpool does not "
-    "depend on it). 'pip install vllm' would replace torch {torch} with the build vLLM pins; "
-    "to keep it, pin it: pip install vllm -c c.txt, with torch=={torch} in c.txt (pip then "
-    "says if no vLLM fits), or pip install --no-deps vllm==VERSION and its other requirements"
+    "bucketpool.vllm.install() needs vLLM, which is not installed here. 'pip install vllm' "
+    "would replace torch {torch} with the one vLLM pins; to keep it: pip install vllm -c c.txt "
+    "with torch=={torch} in c.txt, or pip install --no-deps vllm==VERSION and its requirements"
 )
 _DEPENDENCY_MISSING = (
     "bucketpool.vllm.install(): vLLM imports {name!r}, which is not installed ({error}); "
-    "install it, or vLLM's requirements, keeping torch {torch} with a constraints file "
-    "(pip install -c c.txt ..., torch=={torch} in c.txt)"
+    "install it or vLLM's requirements (keep torch {torch}: pip install -c c.txt, c.txt "
+    "holding torch=={torch})"
 )
 _ADAPTERS = (compat.DescriptorBufferPool, compat.AliasedDescriptorBufferPool)
 _HOSTS = ("vllm", "vllm_ascend")  # the packages whose modules may bind vLLM's classes

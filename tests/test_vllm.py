@@ -558,7 +558,7 @@ def test_without_vllm_install_says_vllm_is_required(monkeypatch: pytest.MonkeyPa
 
     message = str(caught.value)  # how to install vLLM without losing this torch
     assert f"replace torch {torch.__version__}" in message
-    assert f"pip install vllm -c c.txt, with torch=={torch.__version__} in c.txt" in message
+    assert f"pip install vllm -c c.txt with torch=={torch.__version__} in c.txt" in message
     assert "pip install --no-deps vllm==VERSION" in message
     assert not isinstance(caught.value, ModuleNotFoundError)
     assert not bucketpool_vllm.installed()
@@ -606,4 +606,4 @@ def test_a_vllm_that_cannot_import_a_dependency_says_which(
         bucketpool_vllm.install()  # it raised the bare error of vllm/__init__.py's import
 
     assert caught.value.name == "bucketpool_missing_dependency"
-    assert f"keeping torch {torch.__version__}" in str(caught.value)
+    assert f"keep torch {torch.__version__}: pip install -c c.txt" in str(caught.value)
