@@ -190,7 +190,8 @@ def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object]
             original(self)
             return
         flights = (*getattr(self, "_inflight_saves", ()), *getattr(self, "_inflight_loads", ()))
-        held = [*(getattr(flight, "bufs", None) for flight in flights), self._save_bufs]
+        held = [getattr(flight, "bufs", None) for flight in flights]
+        held.append(getattr(self, "_save_bufs", None))  # (a test's worker may lack any field)
         original(self)  # its events synchronised: no copy reads the triples any more
         for bufs in filter(None, held):  # (a tuple of three or six fields is true)
             with contextlib.suppress(ReleaseError):  # released already, or not this pool's

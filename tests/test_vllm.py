@@ -346,9 +346,11 @@ def test_shutdown_still_reports_a_real_leak(build: Builder) -> None:
     worker_class = add_worker(build.tree(AliasedBuffers))
     bucketpool_vllm.install()
     worker = worker_class()
-    bare: Any = object.__new__(worker_class)  # as vLLM's shutdown test makes one: no pool at all
-    bare._inflight_saves = bare._inflight_loads = []
-    bare.shutdown()
+    for pool in (None, worker._buf_pool):  # workers as vLLM's and vllm-ascend's tests make them
+        bare: Any = object.__new__(worker_class)  # (without `_save_bufs`; vLLM's: no pool)
+        bare._buf_pool = pool
+        bare._inflight_saves, bare._inflight_loads = [], []
+        bare.shutdown()
     worker._save_bufs = worker._buf_pool.acquire(3)
 
     with pytest.warns(bucketpool.LeakWarning, match="never released"):
