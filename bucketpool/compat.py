@@ -187,7 +187,6 @@ class _Adapter(typing.Generic[_Buffers]):
             )
         if event is not None and owned():  # an event cannot be recorded inside a move
             raise reentered("release(bufs, event=...)")
-        note_release(handle, bufs)
         try:  # the handle's moves decide: of two releases of one tuple exactly one works
             if event is not None:
                 handle.record_event(event)
@@ -197,6 +196,7 @@ class _Adapter(typing.Generic[_Buffers]):
         finally:
             if handle.released:  # (bufs lives here, so its id names no other tuple)
                 _HELD.pop(id(bufs), None)
+                note_release(handle, bufs)  # only now: a held tuple's finaliser reports a leak
 
     @property
     def _pool(self) -> list[_Buffers]:
