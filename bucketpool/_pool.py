@@ -393,7 +393,7 @@ def note_release(handle: BufferHandle, bufs: object) -> None:
 
 def released_tuples(pool: BucketPool) -> list[object]:
     """What *pool*'s cached buffers were last released as (`note_release`), most recent last."""
-    pool._drain()  # a release a finaliser queued
+    pool._outside("_pool")  # refused inside a move (the lock is taken below); drains
     ledger = pool._ledger
     found = [buffer.last_tuple for bucket in ledger.buckets for buffer in ledger.cached_in(bucket)]
     return [entry[1] for entry in sorted(filter(None, found), key=lambda entry: entry[0])]

@@ -610,3 +610,11 @@ def test_the_three_field_tuple_shrinks_and_fills_blocks_as_views_do() -> None:
         bufs.add_block_copies(0, 0, 0, [0], [0], 8)
     with pytest.raises(ReleaseError, match="over"):
         shrunk.add_copies(0, [1], [2], 3)  # the shrunk views end with the hand-out
+
+
+def test_pool_is_refused_inside_a_move() -> None:
+    pool = DescriptorBufferPool()
+    pool.release(pool.acquire(3))
+    with bucketpool._lock.LOCK, pytest.raises(bucketpool.PoolError, match="_pool"):
+        pool._pool  # noqa: B018  # a finaliser's inside a move: waiting for the lock would hang
+    assert len(pool._pool) == 1
