@@ -387,7 +387,7 @@ class BucketPool:
 
 
 def note_release(handle: BufferHandle, bufs: object) -> None:
-    """(a compat adapter, *handle*'s holder) Note the tuple *handle*'s buffer is released as."""
+    """(a compat adapter) Note the tuple *handle*'s buffer was released as (None: dropped)."""
     handle._buffer.last_tuple = None if bufs is None else (next(_RELEASES), bufs)
 
 
