@@ -45,7 +45,8 @@ class Buffer:
 
     __slots__ = (
         *("address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np"),
-        *("events", "handed", "lasti", "ledger", "n", "poisoned", "recorded", "released_at"),
+        *("events", "handed", "lasti", "last_tuple", "ledger", "n", "poisoned", "recorded"),
+        "released_at",
         *("own_views", "site", "storage", "strict", "token", "version", "view_bytes", "views"),
     )
 
@@ -74,6 +75,7 @@ class Buffer:
         self.recorded = 0  # events ever recorded on it: a release tells a new one by this
         self.code: object = None  # the acquire's code object and instruction (leak warnings)
         self.lasti = 0  # (~lasti: handed out through a compat adapter)
+        self.last_tuple: Any = None  # a compat adapter's: (order, the tuple it was released as)
         self.site: object = None  # where the hand-out was acquired and released (tracing)
         self.released_at: object = None
         self.checksum: int | None = None  # debug levels: of the first n entries
@@ -194,7 +196,7 @@ class Buffer:
 
     def scrap(self) -> None:
         """(freed, outside the lock) Let go of memory and views: a stale reader finds nothing."""
-        self.views = {}
+        self.views, self.last_tuple = {}, None
         self.base = base = new_tensor(0, self.dtype)
         self.storage = base.untyped_storage()
         self.arrays_ = _fields(base)

@@ -401,6 +401,10 @@ class Ledger:
             more = (self.parked_bytes, self.requested, self.leaks, self.tick, self.view_bytes)
             return (*counts, self.parked[:], (*active, *allocated, *totals, *more))
 
+    def cached_in(self, bucket: Bucket) -> list[Buffer]:
+        with LOCK:
+            return [*bucket.free]  # the most recently released last
+
     def buffers(self) -> list[Buffer]:
         """Every buffer not freed, oldest first."""
         with LOCK:

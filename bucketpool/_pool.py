@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import typing
 import weakref
@@ -21,10 +22,11 @@ from bucketpool._settings import DEBUG_LEVELS, DebugLevel, Settings, check_count
 from bucketpool._stats import OutstandingBuffer, PoolStats, build_stats, outstanding_of
 from bucketpool._views import CompletionEvent
 
-__all__ = ["ADAPTERS", "BucketPool"]
+__all__ = ["ADAPTERS", "BucketPool", "note_release", "released_tuples"]
 
 #: The code of the compat adapters' acquire calls: a leak warning names their caller's site.
 ADAPTERS: set[CodeType] = set()
+_RELEASES = itertools.count()  # orders `released_tuples` across buckets
 _new = object.__new__
 _getframe = sys._getframe
 
@@ -111,7 +113,7 @@ class BucketPool:
             bucket.free = []
             bucket.inbox.clear()
         for buffer in ledger.registry:
-            buffer.views = {}
+            buffer.views, buffer.last_tuple = {}, None
 
     def __reduce_ex__(self, *args: object) -> typing.NoReturn:
         raise TypeError(_NO_COPY)
@@ -382,6 +384,19 @@ class BucketPool:
         if owned():
             raise reentered(operation)
         self._drain()
+
+
+def note_release(handle: BufferHandle, bufs: object) -> None:
+    """(a compat adapter) Note the tuple *handle*'s buffer was released as (None: dropped)."""
+    handle._buffer.last_tuple = None if bufs is None else (next(_RELEASES), bufs)
+
+
+def released_tuples(pool: BucketPool) -> list[object]:
+    """What *pool*'s cached buffers were last released as (`note_release`), most recent last."""
+    pool._outside("_pool")  # refused inside a move (the lock is taken below); drains
+    ledger = pool._ledger
+    found = [buffer.last_tuple for bucket in ledger.buckets for buffer in ledger.cached_in(bucket)]
+    return [entry[1] for entry in sorted(filter(None, found), key=lambda entry: entry[0])]
 
 
 _NO_COPY = (

@@ -11,7 +11,7 @@ from bucketpool._errors import ReleaseError, reentered
 from bucketpool._handle import BufferHandle
 from bucketpool._inputs import read_copies
 from bucketpool._lock import owned
-from bucketpool._pool import ADAPTERS, BucketPool
+from bucketpool._pool import ADAPTERS, BucketPool, note_release, released_tuples
 from bucketpool._settings import check_count
 from bucketpool._views import CompletionEvent, DescriptorBuffers, IntArray, IntegerInput, write
 
@@ -76,7 +76,8 @@ class _Holding:
         return tuple(typing.cast("tuple[typing.Any, ...]", self))
 
     def __del__(self) -> None:
-        _HELD.pop(id(self), None)  # a handle still held reports the leak as it goes
+        if (entry := _HELD.pop(id(self), None)) is not None:  # its handle reports the leak
+            note_release(entry[1], None)  # never released as a tuple: not in `_pool`
 
     def add_copies(
         self,
@@ -93,14 +94,18 @@ class _Holding:
             ReleaseError: the tuple was released (its buffer may be another's now).
             CapacityError, ValueError, TypeError: as for `DescriptorBuffers.add_copies`.
         """
+        return self._handle("add_copies").add_copies(
+            first, sources, destinations, byte_counts, step=step
+        )
+
+    def _handle(self, op: str) -> BufferHandle:
         entry = _HELD.get(id(self))
         if entry is None:
             raise ReleaseError(
-                f"add_copies: this {type(self).__name__} was released; its buffer may be "
-                "handed out again. Write descriptors before pool.release(bufs), or acquire a "
-                "new triple"
+                f"{op}: this {type(self).__name__} was released; its buffer may be handed out "
+                "again. Write descriptors before pool.release(bufs), or acquire a new triple"
             )
-        return entry[1].add_copies(first, sources, destinations, byte_counts, step=step)
+        return entry[1]
 
     def record_event(self, event: object) -> None:
         raise TypeError(
@@ -112,6 +117,14 @@ class _Holding:
 class _HeldBuffers(_Holding, DescriptorBuffers):
     __slots__ = ()
     _public = DescriptorBuffers
+
+    def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
+        """Views of the first *count* entries until release; see `DescriptorBuffers.shrink`."""
+        return self._handle("shrink").shrink(count)
+
+    def add_block_copies(self, *args: typing.Any, **kwargs: typing.Any) -> int:
+        """Write copies of whole blocks; see `DescriptorBuffers.add_block_copies`."""
+        return self._handle("add_block_copies").add_block_copies(*args, **kwargs)
 
 
 class _HeldAliasedBuffers(_Holding, AliasedDescriptorBuffers):
@@ -132,6 +145,7 @@ class _Adapter(typing.Generic[_Buffers]):
 
     def __init__(self, *, dtype: torch.dtype = torch.int64) -> None:
         self.pool = BucketPool(dtype=dtype)
+        self._max_capacity = self.pool.settings.max_capacity
 
     def acquire(self, n: SupportsIndex) -> _Buffers:
         """Return a triple of its bucket's whole capacity (>= *n*).  Thread-safe.
@@ -142,8 +156,9 @@ class _Adapter(typing.Generic[_Buffers]):
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
         pool = self.pool
-        count = n if type(n) is int and n >= 0 else check_count(n, pool.settings.max_capacity)
-        handle: BufferHandle = pool.acquire(pool.bucket_capacity(count))
+        if type(n) is not int or not 0 <= n <= self._max_capacity:
+            n = check_count(n, self._max_capacity)
+        handle: BufferHandle = pool.acquire(pool.bucket_capacity(n))
         fields: tuple[typing.Any, ...] = handle.buffers
         if self._held is _HeldAliasedBuffers:
             fields = (*fields, *handle.arrays)
@@ -185,6 +200,12 @@ class _Adapter(typing.Generic[_Buffers]):
         finally:
             if handle.released:  # (bufs lives here, so its id names no other tuple)
                 _HELD.pop(id(bufs), None)
+                note_release(handle, bufs)  # only now: a held tuple's finaliser reports a leak
+
+    @property
+    def _pool(self) -> list[_Buffers]:
+        """For the host's tests: the cached tuples, as vLLM's list (docs/compat.md); a copy."""
+        return typing.cast("list[_Buffers]", released_tuples(self.pool))
 
     def _refusal(self, bufs: object, released: bool) -> str:
         name = type(bufs).__name__

@@ -5,6 +5,7 @@ vLLM is not a dependency of bucketpool: it is imported only when `install` runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
@@ -16,6 +17,7 @@ import attrs
 import torch
 
 from bucketpool import compat
+from bucketpool._errors import ReleaseError
 
 __all__ = ["install", "installed", "uninstall"]
 
@@ -25,9 +27,17 @@ _PATHS = (_CANONICAL_PATH, _LEGACY_PATH)
 _TENSOR_FIELDS = ("src_ptrs", "dst_ptrs", "sizes")
 _ALIASED_FIELDS = (*_TENSOR_FIELDS, "src_np", "dst_np", "sizes_np")
 _VLLM_REQUIRED = (
-    "bucketpool.vllm.install() needs vLLM, which is not installed in this environment; "
-    "install it with 'pip install vllm' (bucketpool itself does not depend on vLLM)"
+    "bucketpool.vllm.install() needs vLLM, which is not installed here. 'pip install vllm' "
+    "would replace torch {torch} with the one vLLM pins; to keep it: pip install vllm -c c.txt "
+    "with torch=={torch} in c.txt, or pip install --no-deps vllm==VERSION and its requirements"
 )
+_DEPENDENCY_MISSING = (
+    "bucketpool.vllm.install(): vLLM imports {name!r}, which is not installed ({error}); "
+    "install it or vLLM's requirements (keep torch {torch}: pip install -c c.txt, c.txt "
+    "holding torch=={torch})"
+)
+_ADAPTERS = (compat.DescriptorBufferPool, compat.AliasedDescriptorBufferPool)
+_HOSTS = ("vllm", "vllm_ascend")  # the packages whose modules may bind vLLM's classes
 _RECORD = "__bucketpool_installed__"  # on vLLM's module: the `_Installed` of the install there
 _Swaps = tuple[tuple[object, object], ...]  # (original, replacement) pairs
 
@@ -39,6 +49,7 @@ class _Installed:
     target: ModuleType
     swaps: _Swaps
     bound: tuple[tuple[ModuleType, str, object, object], ...]
+    wrapped: tuple[tuple[type, str, object, object], ...] = ()  # (class, name, old, new)
 
 
 # `importlib.reload` keeps the lock and the record of an install in effect.
@@ -49,12 +60,14 @@ _installed: _Installed | None = globals().get("_installed")
 def install() -> None:
     """Make vLLM's EC CPU worker use bucketpool's pool instead of its own (docs/compat.md).
 
-    Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's modules bind
-    them.  Only pools created afterwards are bucketpool's: call it before vLLM builds its
-    workers, in every process.  Again while installed: nothing.  Serialised by a lock.
+    Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's (and
+    vllm-ascend's) modules bind them, and wraps ``ECCPUWorker.shutdown`` to release the
+    triples it drops.  Only pools created afterwards are bucketpool's: call it before vLLM
+    builds its workers, in every process.  Again while installed: nothing.  Serialised by a lock.
 
     Raises:
-        ImportError: vLLM is not installed, or has no EC CPU ``descriptor_buffers`` module.
+        ImportError: vLLM is not installed, or has no EC CPU ``descriptor_buffers`` module;
+            `ModuleNotFoundError` naming a module vLLM imports that is not installed.
         RuntimeError: vLLM's ``DescriptorBuffers`` has neither known set of fields, or its
             pool's tensors are not of one int64 or uint64 dtype; nothing was replaced.
     """
@@ -76,9 +89,10 @@ def install() -> None:
                 if original not in originals
             )
         rebindings = _rebindings(_vllm_modules(module), swaps)
-        for each, name, _, replacement in rebindings:
+        wrapped = _wrap_shutdown(module)
+        for each, name, _, replacement in (*rebindings, *wrapped):
             setattr(each, name, replacement)
-        _installed = _Installed(module, swaps, tuple(rebindings))
+        _installed = _Installed(module, swaps, tuple(rebindings), wrapped)
         setattr(module, _RECORD, _installed)
 
 
@@ -99,7 +113,7 @@ def installed() -> bool:
 def _undo(record: _Installed) -> None:
     """Rebind every replacement *record* made back to its original; forget the record."""
     global _installed
-    for module, name, original, replacement in record.bound:
+    for module, name, original, replacement in (*record.bound, *record.wrapped):
         if vars(module).get(name) is replacement:
             setattr(module, name, original)
     # Bindings made to the replacements since get the first original each replaced.
@@ -136,15 +150,15 @@ def _find_target() -> ModuleType:
         import vllm
     except ModuleNotFoundError as error:
         if error.name != "vllm":
-            raise
-        raise ImportError(_VLLM_REQUIRED, name="vllm") from None
+            raise _missing_dependency(error) from error
+        raise ImportError(_VLLM_REQUIRED.format(torch=torch.__version__), name="vllm") from None
     for load, path in zip((_load_canonical, _load_legacy), _PATHS, strict=True):
         try:
             return load()
         except ModuleNotFoundError as error:
             missing = error.name or ""
             if path != missing and not path.startswith(missing + "."):
-                raise  # the module exists but something it imports is missing
+                raise _missing_dependency(error) from error  # the module exists; an import fails
     version = getattr(vllm, "__version__", "(unknown version)")
     raise ImportError(
         f"vLLM {version} has no EC CPU connector descriptor-buffers module (looked for "
@@ -152,6 +166,39 @@ def _find_target() -> ModuleType:
         "with the ECCPUConnector's DescriptorBufferPool",
         name=_LEGACY_PATH,
     )
+
+
+def _missing_dependency(error: ModuleNotFoundError) -> ModuleNotFoundError:
+    message = _DEPENDENCY_MISSING.format(error=error, name=error.name, torch=torch.__version__)
+    return ModuleNotFoundError(message, name=error.name)
+
+
+def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object], ...]:
+    """Wrap ``ECCPUWorker.shutdown`` to release the triples it drops once their copies are done.
+
+    Returns ``(class, name, old, new)`` for `install` to bind, or nothing without the worker.
+    """
+    worker = getattr(sys.modules.get(module.__name__.rpartition(".")[0]), "ECCPUWorker", None)
+    original = vars(worker).get("shutdown") if isinstance(worker, type) else None
+    if worker is None or not callable(original):
+        return ()
+
+    @functools.wraps(original)
+    def shutdown(self: typing.Any) -> None:
+        pool = getattr(self, "_buf_pool", None)
+        if not isinstance(pool, _ADAPTERS):  # vLLM's own pool, or none (a test's mock)
+            original(self)
+            return
+        flights = (*getattr(self, "_inflight_saves", ()), *getattr(self, "_inflight_loads", ()))
+        held = [getattr(flight, "bufs", None) for flight in flights]
+        held.append(getattr(self, "_save_bufs", None))  # (a test's worker may lack any field)
+        original(self)  # its events synchronised: no copy reads the triples any more
+        for bufs in filter(None, held):  # (a tuple of three or six fields is true)
+            with contextlib.suppress(ReleaseError):  # released already, or not this pool's
+                pool.release(bufs)
+        pool.pool.synchronize()
+
+    return ((worker, "shutdown", original, shutdown),)
 
 
 def _load_canonical() -> ModuleType:
@@ -208,10 +255,10 @@ def _pointer_dtype(module: ModuleType, where: str) -> torch.dtype:
 
 
 def _vllm_modules(*first: ModuleType) -> list[ModuleType]:
-    """Return *first* and every imported ``vllm`` module, each module object once."""
+    """Return *first* and every imported ``vllm`` and ``vllm_ascend`` module, each once."""
     found = {id(module): module for module in first}
     for name, module in list(sys.modules.items()):  # a snapshot: others may import meanwhile
-        if (name == "vllm" or name.startswith("vllm.")) and isinstance(module, ModuleType):
+        if name.partition(".")[0] in _HOSTS and isinstance(module, ModuleType):
             found.setdefault(id(module), module)
     return list(found.values())
 

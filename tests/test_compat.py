@@ -8,6 +8,7 @@ import pickle
 import sys
 import types
 import typing
+import weakref
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
@@ -191,6 +192,71 @@ def test_bad_n_keeps_the_original_errors_clear() -> None:
         pool.acquire(-3)
     with pytest.raises(TypeError, match="not float"):
         pool.acquire(2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^acquire: n=1099511627776 is above .*max_capacity"):
+        pool.acquire(2**40)  # (it blamed bucket_capacity:)
+    assert pool.pool.stats().active_requests.current == 0
+
+
+# -- `_pool`: what vLLM's tests read ------------------------------------------------------
+
+ADAPTERS = [DescriptorBufferPool, AliasedDescriptorBufferPool]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_pool_lists_the_released_tuple_as_vllms_list_does(adapter: type[Any]) -> None:
+    pool = adapter()
+    bufs = pool.acquire(5)
+    assert pool._pool == []
+    pool.release(bufs)
+    assert len(pool._pool) == 1
+    assert pool._pool == [bufs]  # all six fields of the aliased tuple: the very same objects
+    assert pool._pool[0] is bufs
+    assert [*pool._pool] == [bufs]
+    tensor = bufs.src_ptrs
+    del bufs
+    again = pool.acquire(5)  # vLLM's tests: the next step's triple has the same tensors
+    assert pool._pool == []
+    assert again.src_ptrs is tensor
+    pool.release(again)
+    assert pool._pool == [again]
+    assert pool._pool[0].src_ptrs is tensor
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_pool_orders_by_release_across_buckets_and_is_read_only(adapter: type[Any]) -> None:
+    pool = adapter()
+    small, large, other = pool.acquire(3), pool.acquire(300), pool.acquire(4)
+    for bufs in (large, small, other):
+        pool.release(bufs)
+    assert pool._pool == [large, small, other]  # the most recently released last
+    pool._pool.clear()  # a copy
+    assert len(pool._pool) == 3
+    with pytest.raises(AttributeError):
+        pool._pool = []
+    pool.release(pool.acquire(300))
+    assert pool._pool[-1].src_ptrs is large.src_ptrs
+
+
+def test_pool_lists_neither_parked_nor_leaked_nor_freed_buffers() -> None:
+    pool = DescriptorBufferPool()
+    event = FlagEvent()
+    bufs = pool.acquire(3)
+    pool.release(bufs, event=event)
+    assert pool._pool == []  # parked: the next acquire cannot have it
+    event.done = True
+    pool.pool.collect()
+    assert pool._pool == [bufs]
+    with pytest.warns(bucketpool.LeakWarning):
+        drop(pool, 3)  # the same buffer, dropped unreleased: back, but never released as bufs
+    assert pool._pool == []
+    kept = pool.acquire(3)
+    pool.release(kept)
+    view = weakref.ref(kept.src_ptrs)
+    del kept, bufs
+    assert view() is not None  # cached, and its views with it
+    pool.pool.trim(0)
+    assert pool._pool == []
+    assert view() is None  # `_pool` keeps nothing of a freed buffer
 
 
 # -- the six-field shape ----------------------------------------------------------------
@@ -526,3 +592,29 @@ def test_compat_add_copies_reads_its_inputs_before_it_checks_the_triple() -> Non
     assert holders[0].src_ptrs.data_ptr() == bufs.src_ptrs.data_ptr()
     assert holders[0].src_ptrs[:3].tolist() == [1, 2, 3]  # the new holder's, untouched
     pool.release(holders[0])
+
+
+def test_the_three_field_tuple_shrinks_and_fills_blocks_as_views_do() -> None:
+    pool = DescriptorBufferPool()
+    bufs = pool.acquire(5)
+    end = bufs.add_block_copies(0, 0x10000, 0x20000, [1, 2, 4], [0, 1, 3], 64)
+    assert end == 2  # blocks 1-2 coalesced
+    shrunk = bufs.shrink(end)  # it raised TypeError: "built some other way"
+    assert [tensor.numel() for tensor in shrunk] == [2, 2, 2]
+    assert shrunk.src_ptrs.data_ptr() == bufs.src_ptrs.data_ptr()
+    assert shrunk.sizes.tolist() == [128, 64]
+    pool.release(bufs)
+    with pytest.raises(ReleaseError, match=r"^shrink: this DescriptorBuffers was released"):
+        bufs.shrink(1)
+    with pytest.raises(ReleaseError, match="add_block_copies: this DescriptorBuffers"):
+        bufs.add_block_copies(0, 0, 0, [0], [0], 8)
+    with pytest.raises(ReleaseError, match="over"):
+        shrunk.add_copies(0, [1], [2], 3)  # the shrunk views end with the hand-out
+
+
+def test_pool_is_refused_inside_a_move() -> None:
+    pool = DescriptorBufferPool()
+    pool.release(pool.acquire(3))
+    with bucketpool._lock.LOCK, pytest.raises(bucketpool.PoolError, match="_pool"):
+        pool._pool  # noqa: B018  # a finaliser's inside a move: waiting for the lock would hang
+    assert len(pool._pool) == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -18,7 +19,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
+from _events import SyncEvent
 
+import bucketpool
 from bucketpool import compat
 from bucketpool import vllm as bucketpool_vllm
 
@@ -271,6 +274,92 @@ def test_install_rebinds_every_vllm_binding_of_the_originals(build: Builder) -> 
     assert outside.DescriptorBufferPool is tree.pool
 
 
+def test_install_rebinds_and_uninstall_restores_in_vllm_ascend_modules(build: Builder) -> None:
+    tree = build.tree(AliasedBuffers)
+    ascend = types.ModuleType("vllm_ascend.distributed.ec_transfer.ec_connector.cpu_worker")
+    ascend.DescriptorBufferPool = tree.pool  # type: ignore[attr-defined]  # its own import
+    ascend.DescriptorBuffers = tree.buffers  # type: ignore[attr-defined]
+    build.register(ascend)
+
+    bucketpool_vllm.install()
+
+    assert ascend.DescriptorBufferPool is tree.module.DescriptorBufferPool  # bucketpool's
+    assert ascend.DescriptorBuffers is compat.AliasedDescriptorBuffers
+    bucketpool_vllm.uninstall()
+    assert ascend.DescriptorBufferPool is tree.pool
+    assert ascend.DescriptorBuffers is tree.buffers
+
+
+class Transfer(NamedTuple):
+    end_event: SyncEvent
+    bufs: Any
+
+
+def add_worker(tree: Tree) -> Any:
+    """An ``ECCPUWorker`` in *tree*'s worker package, whose shutdown is vLLM's in shape."""
+    module = tree.worker
+
+    class ECCPUWorker:
+        def __init__(self) -> None:
+            self._buf_pool = module.DescriptorBufferPool()  # the worker module's global
+            self._save_bufs: Any = None
+            self._inflight_saves: list[Transfer] = []
+            self._inflight_loads: list[Transfer] = []
+
+        def shutdown(self) -> None:
+            for transfer in (*self._inflight_saves, *self._inflight_loads):
+                transfer.end_event.synchronize()
+            self._save_bufs = None  # dropped, not released: vLLM's pool does not mind
+            self._inflight_saves.clear()
+            self._inflight_loads.clear()
+
+    module.ECCPUWorker = ECCPUWorker  # type: ignore[attr-defined]
+    return ECCPUWorker
+
+
+def test_shutdown_gives_back_what_vllms_shutdown_drops(build: Builder) -> None:
+    worker_class = add_worker(build.tree(AliasedBuffers))
+    original = worker_class.shutdown
+    made_before = worker_class()
+    bucketpool_vllm.install()
+    worker = worker_class()
+    events = [SyncEvent(), SyncEvent()]
+    worker._save_bufs = worker._buf_pool.acquire(3)  # an open save batch
+    worker._inflight_saves.append(Transfer(events[0], worker._buf_pool.acquire(40)))
+    worker._inflight_loads.append(Transfer(events[1], worker._buf_pool.acquire(3)))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        worker.shutdown()
+        made_before.shutdown()  # vLLM's own pool: vLLM's shutdown alone
+
+    assert [str(warning.message) for warning in caught] == []  # no LeakWarning
+    assert all(event.done for event in events)  # vLLM's shutdown ran (and synchronised)
+    stats = worker._buf_pool.pool.stats()
+    assert (stats.leaks, stats.active_requests.current, stats.parked_bytes) == (0, 0, 0)
+    assert len(worker._buf_pool._pool) == 3
+    bucketpool_vllm.uninstall()
+    assert worker_class.shutdown is original
+
+
+def test_shutdown_still_reports_a_real_leak(build: Builder) -> None:
+    worker_class = add_worker(build.tree(AliasedBuffers))
+    bucketpool_vllm.install()
+    worker = worker_class()
+    for pool in (None, worker._buf_pool):  # workers as vLLM's and vllm-ascend's tests make them
+        bare: Any = object.__new__(worker_class)  # (without `_save_bufs`; vLLM's: no pool)
+        bare._buf_pool = pool
+        bare._inflight_saves, bare._inflight_loads = [], []
+        bare.shutdown()
+    worker._save_bufs = worker._buf_pool.acquire(3)
+
+    with pytest.warns(bucketpool.LeakWarning, match="never released"):
+        worker._save_bufs = None  # dropped by the worker, before shutdown
+    worker.shutdown()
+
+    assert worker._buf_pool.pool.stats().leaks == 1
+
+
 def test_install_finds_the_canonical_module_behind_the_legacy_aliases(build: Builder) -> None:
     tree = build.tree(AliasedBuffers, prefix=CANONICAL)
     # Newer vLLM: the old module path is the same module object, and the old worker package
@@ -469,7 +558,10 @@ def test_without_vllm_install_says_vllm_is_required(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ImportError, match="needs vLLM") as caught:
         bucketpool_vllm.install()
 
-    assert "pip install vllm" in str(caught.value)
+    message = str(caught.value)  # how to install vLLM without losing this torch
+    assert f"replace torch {torch.__version__}" in message
+    assert f"pip install vllm -c c.txt with torch=={torch.__version__} in c.txt" in message
+    assert "pip install --no-deps vllm==VERSION" in message
     assert not isinstance(caught.value, ModuleNotFoundError)
     assert not bucketpool_vllm.installed()
 
@@ -496,4 +588,24 @@ def test_a_broken_vllm_import_is_not_disguised(
         bucketpool_vllm.install()
 
     assert caught.value.name == "bucketpool_missing_dependency"
+    assert str(caught.value).startswith(
+        "bucketpool.vllm.install(): vLLM imports 'bucketpool_missing_dependency', which is "
+        "not installed (No module named 'bucketpool_missing_dependency'); install it"
+    )
     assert not bucketpool_vllm.installed()
+
+
+def test_a_vllm_that_cannot_import_a_dependency_says_which(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("import bucketpool_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    with pytest.raises(ModuleNotFoundError, match="vLLM imports 'bucketpool_missing") as caught:
+        bucketpool_vllm.install()  # it raised the bare error of vllm/__init__.py's import
+
+    assert caught.value.name == "bucketpool_missing_dependency"
+    assert f"keep torch {torch.__version__}: pip install -c c.txt" in str(caught.value)

@@ -24,6 +24,7 @@ import random
 import sys
 import types
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -267,3 +268,31 @@ def test_zero_block_save_after_warm_up(
         give_back_held(worker)  # what the failed step left open
         worker.shutdown()
     assert failure is None, failure
+
+
+def test_shutdown_with_copies_in_flight_gives_every_triple_back(
+    worker_module: types.ModuleType,
+) -> None:
+    """vLLM's ``shutdown`` synchronises its copies and drops their triples: with ``install()``
+    they come back to the pool, with no leak warning."""
+    bucketpool_vllm.install()
+    worker = make_worker(worker_module)
+    source = torch.arange(HIDDEN, dtype=DTYPE)
+    worker.save_caches({"h": source}, "h", metadata(worker_module, saves={"h": [0]}))
+    worker.flush_saves()  # in flight: the device runs nothing until told
+    loads = {"l": (0, [5, 6], (2, HIDDEN))}
+    out: dict[str, torch.Tensor] = {}  # the destination outlives its copy
+    worker.start_load_caches(out, metadata(worker_module, loads=loads))
+    worker.save_caches({"h": source}, "h", metadata(worker_module, saves={"h": [1]}))  # open
+    assert standin.device().done < standin.device().submitted
+    expected = worker._region.blocks[[5, 6]].reshape(-1).view(torch.uint8).clone()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        worker.shutdown()
+
+    assert [str(warning.message) for warning in caught] == []
+    assert standin.device().done == standin.device().submitted  # vLLM's shutdown waited
+    stats = worker._buf_pool.pool.stats()
+    assert (stats.leaks, stats.active_requests.current, stats.parked_bytes) == (0, 0, 0)
+    assert torch.equal(out["l"].reshape(-1).view(torch.uint8), expected)
