@@ -15,7 +15,7 @@ from types import ModuleType
 import attrs
 import torch
 
-from bucketpool import compat
+from bucketpool import _kv_offload, compat
 
 __all__ = ["install", "installed", "uninstall"]
 
@@ -46,7 +46,20 @@ _lock: threading.Lock = globals().get("_lock") or threading.Lock()
 _installed: _Installed | None = globals().get("_installed")
 
 
-def install() -> None:
+def install(*, kv_offload: bool = False) -> None:
+    """Make vLLM's EC CPU worker, and with *kv_offload* its KV-offload handlers, use bucketpool.
+
+    See docs/compat.md; `_install_ec` says what it raises.  With *kv_offload* it also raises
+    `ImportError` (no KV-offload worker) or `RuntimeError` (vLLM's ``_new_descriptor_buffers``
+    makes descriptors bucketpool cannot serve), the EC part installed and that part not.
+    """
+    _install_ec()
+    if kv_offload:
+        with _lock:
+            _kv_offload.install()
+
+
+def _install_ec() -> None:
     """Make vLLM's EC CPU worker use bucketpool's pool instead of its own (docs/compat.md).
 
     Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's modules bind
@@ -88,6 +101,7 @@ def uninstall() -> None:
         record = _record()
         if record is not None:
             _undo(record)
+        _kv_offload.uninstall()
 
 
 def installed() -> bool:
