@@ -95,7 +95,8 @@ def _wrap_shutdown(original: Callable[..., object]) -> Callable[..., object]:
         finally:  # not what vLLM still queues; after a failed sync, parked on the end event
             left = {id(transfer) for transfer in getattr(self, "_transfers", ())}
             done = [t for t in transfers if id(t) not in left]
-            given = [((t.batch_src, t.batch_dst, t.batch_sizes), t.end_event) for t in done]
+            fields = ("batch_src", "batch_dst", "batch_sizes")  # (some copies keep none)
+            given = [([getattr(t, f, None) for f in fields], t.end_event) for t in done]
             for triple, event in kept + given:
                 handle = _holder(triple)
                 if handle is not None and not handle.released:

@@ -50,6 +50,8 @@ def gpu_worker(
 ) -> Iterator[types.ModuleType]:
     """vLLM's real ``gpu_worker`` over the stand-in; everything is undone afterwards."""
     before = _vllm_names()
+    for name in ("BUCKETPOOL_CONF", "BUCKETPOOL_DEBUG"):  # the pools install makes: defaults
+        monkeypatch.delenv(name, raising=False)
     kv_standin.install_kv_standin(monkeypatch, eager=False, xpu=request.param)
     try:
         yield importlib.import_module(kv_standin.KV_WORKER)
@@ -331,7 +333,10 @@ def test_install_rebinds_and_wraps_in_vllm_ascend(gpu_worker: types.ModuleType) 
     assert type(handler()._buffer_pool) is list
     bucketpool_vllm.install(kv_offload=True)
     assert isinstance(own._new_descriptor_buffers, functools.partial)
-    assert isinstance(handler()._buffer_pool, _kv_offload._Returns)
+    made = handler()
+    assert isinstance(made._buffer_pool, _kv_offload._Returns)
+    made._transfers = [types.SimpleNamespace(end_event=None)]  # a Transfer with no triple
+    made.shutdown()
     dtype = pool_of(gpu_worker).settings.dtype
     assert (pool_of(own) is pool_of(gpu_worker)) is (dtype == torch.int64)
     bucketpool_vllm.uninstall()
