@@ -307,9 +307,13 @@ def _handler_class(module_name: str) -> type:
 
     def __init__(self: Any) -> None:
         self._buffer_pool = []
+        self._transfers = []
+
+    def shutdown(self: Any) -> None:
+        self._transfers.clear()
 
     methods = {name: lambda self, *a: None for name in _kv_offload._HANDLER}
-    methods["__init__"] = __init__
+    methods.update(__init__=__init__, shutdown=shutdown)
     return type("SingleDirectionNPUOffloadingHandler", (), {**methods, "__module__": module_name})
 
 
