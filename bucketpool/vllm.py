@@ -47,11 +47,18 @@ _installed: _Installed | None = globals().get("_installed")
 
 
 def install(*, kv_offload: bool = False) -> None:
-    """Make vLLM's EC CPU worker, and with *kv_offload* its KV-offload handlers, use bucketpool.
+    """Make vLLM's EC CPU worker, and its KV-offload handlers if asked, use bucketpool.
 
-    See docs/compat.md; `_install_ec` says what it raises.  With *kv_offload* it also raises
-    `ImportError` (no KV-offload worker) or `RuntimeError` (vLLM's ``_new_descriptor_buffers``
-    makes descriptors bucketpool cannot serve), the EC part installed and that part not.
+    See docs/compat.md.  Call it in every process before vLLM builds its workers; again
+    while installed: nothing more (with *kv_offload*: serves modules imported since).
+
+    Args:
+        kv_offload: also serve vLLM's (and vllm-ascend's) KV-offload handlers.
+
+    Raises:
+        ImportError: no vLLM, no EC CPU worker or (*kv_offload*) no KV-offload worker.
+        RuntimeError: vLLM's descriptors are of fields or dtypes bucketpool cannot serve;
+            nothing of that part was replaced (the EC part installs first).
     """
     _install_ec()
     if kv_offload:
