@@ -4,8 +4,9 @@ vLLM's ``CPUOffloadingWorker`` has a store and a load handler
 (``SingleDirectionOffloadingHandler``), each with its own list of triples: it pops one per
 transfer (dropping it, and making one of exactly ``n``, when it is too small) and appends it
 back once the copy's end event is done; `OriginalDescriptorBufferPool` is that pattern
-exactly.  Against them, what ``install(kv_offload=True)`` puts there: bucketpool's
-``_descriptors`` over one pool, and per handler the list stand-in whose ``append`` releases.
+exactly.  Against them, what ``install(kv_offload=True)`` puts there, through the public
+API it is built on: one pool, a whole bucket per transfer, released when the handler gives
+it back (``tests/test_kv_offload.py`` drives the adapter itself in vLLM's handler).
 One trace of `JOBS` transfers, log-uniform sizes, stores and loads at random, 1-3 copies in
 flight on one device, each handler polling its own in order before each submission (its
 ``get_finished()``); then the same with one spike of `SPIKE_N` descriptors early in a
@@ -20,8 +21,6 @@ events back retires the buffers first (docs/guide/events.md).
 from __future__ import annotations
 
 import collections
-import functools
-import gc
 import typing
 from collections.abc import Callable
 
@@ -31,7 +30,7 @@ import numpy as np
 from bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
 from bench._pools import Memory, memory_of
 from bench._stats import Measurement, exact
-from bucketpool import BucketPool, BufferHandle, _kv_offload
+from bucketpool import BucketPool, BufferHandle
 
 __all__ = ["JOBS", "KvOffloadCase", "kv_trace"]
 
@@ -146,17 +145,20 @@ def _lists(trace: list[_Step]) -> Memory:
     return Memory(sum(each.allocations for each in lists), held, peak)
 
 
-def _give_back(returns: _kv_offload._Returns) -> Callable[[object], None]:
-    return lambda triple: returns.append(typing.cast("_kv_offload._Triple", triple))
-
-
 def _installed(trace: list[_Step]) -> Memory:
-    """``install(kv_offload=True)``: one pool, each handler's list a `_Returns`."""
+    """Return what ``install(kv_offload=True)`` held, through the public API it is built on.
+
+    One pool; a transfer takes a whole bucket of at least n, released once polled done.
+    """
     pool = BucketPool()
-    take = functools.partial(_kv_offload._descriptors, pool)
-    handlers = [_Handler(take, _give_back(_kv_offload._Returns())) for _ in range(2)]
-    _run(trace, (handlers[0], handlers[1]))
-    gc.collect()
+
+    def take(n: int) -> object:
+        return pool.acquire(pool.bucket_capacity(n))
+
+    def give_back(handle: object) -> None:
+        typing.cast("BufferHandle", handle).release()
+
+    _run(trace, (_Handler(take, give_back), _Handler(take, give_back)))
     return memory_of(pool)
 
 
@@ -186,11 +188,8 @@ class KvOffloadCase:
     def __init__(self, seed: int) -> None:
         self.name = "kv-offload"
         self.description = (
-            f"KV-offload worker, {JOBS} transfers of {_SMALLEST}-{_LARGEST} descriptors "
-            "(log-uniform), stores and loads, 1-3 in flight: vLLM's two lists vs "
-            f"install(kv_offload=True); with a {SPIKE_N:,} spike in {SPIKE_JOBS:,}; "
-            "release(event=) at submission with vLLM's recycled events, and with "
-            "collect() before recycling"
+            f"vLLM's KV-offload lists vs install(kv_offload=True), {JOBS} log-uniform "
+            "transfers; a spike; recycled end events"
         )
         self.samples: dict[str, list[float]] = {}
         self._seed = seed
