@@ -96,11 +96,13 @@ def _wrap_shutdown(original: Callable[..., object]) -> Callable[..., object]:
             left = {id(transfer) for transfer in getattr(self, "_transfers", ())}
             done = [t for t in transfers if id(t) not in left]
             fields = ("batch_src", "batch_dst", "batch_sizes")  # (some copies keep none)
-            given = [([getattr(t, f, None) for f in fields], t.end_event) for t in done]
+            given = [
+                ([getattr(t, f, None) for f in fields], getattr(t, "end_event", None)) for t in done
+            ]
             for triple, event in kept + given:
-                handle = _holder(triple)
-                if handle is not None and not handle.released:
-                    with contextlib.suppress(Exception):  # a lost device's query(): parked
+                with contextlib.suppress(Exception):  # a lost device's query(): parked
+                    handle = _holder(triple)
+                    if handle is not None and not handle.released:
                         if event is not None:
                             handle.record_event(event)
                         handle.release()

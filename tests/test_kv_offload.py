@@ -259,6 +259,19 @@ def test_a_failed_synchronize_keeps_in_flight_buffers_out_of_reuse(
     assert pool.stats().leaks == 0
 
 
+def test_shutdown_keeps_vllms_outcome_over_a_bad_triple(gpu_worker: types.ModuleType) -> None:
+    bucketpool_vllm.install(kv_offload=True)
+    handler = make_worker(gpu_worker)._store_handler
+    first, second = (gpu_worker._new_descriptor_buffers(4) for _ in range(2))
+    handler._buffer_pool = [(first[0], second[1], first[2])]  # a plain list, as vLLM's tests
+    handler.shutdown()  # the mixed triple is not given back, and raises nothing
+    assert not handler._buffer_pool
+    returns = _kv_offload._Returns()
+    returns.append(first)
+    returns.append(second)
+    assert pool_of(gpu_worker).outstanding() == []
+
+
 def test_appends_are_checked(gpu_worker: types.ModuleType) -> None:
     bucketpool_vllm.install(kv_offload=True)
     returns = _kv_offload._Returns()
