@@ -16,7 +16,7 @@ from types import ModuleType
 import attrs
 import torch
 
-from bucketpool import compat
+from bucketpool import _kv_offload, compat
 from bucketpool._errors import ReleaseError
 
 __all__ = ["install", "installed", "uninstall"]
@@ -57,7 +57,27 @@ _lock: threading.Lock = globals().get("_lock") or threading.Lock()
 _installed: _Installed | None = globals().get("_installed")
 
 
-def install() -> None:
+def install(*, kv_offload: bool = False) -> None:
+    """Make vLLM's EC CPU worker, and its KV-offload handlers if asked, use bucketpool.
+
+    See docs/compat.md.  Call it in every process before vLLM builds its workers; again
+    while installed: nothing more (with *kv_offload*: serves modules imported since).
+
+    Args:
+        kv_offload: also serve vLLM's (and vllm-ascend's) KV-offload handlers.
+
+    Raises:
+        ImportError: no vLLM, no EC CPU worker or (*kv_offload*) no KV-offload worker.
+        RuntimeError: vLLM's descriptors are of fields or dtypes bucketpool cannot serve;
+            nothing of that part was replaced (the EC part installs first).
+    """
+    _install_ec()
+    if kv_offload:
+        with _lock:
+            _kv_offload.install()
+
+
+def _install_ec() -> None:
     """Make vLLM's EC CPU worker use bucketpool's pool instead of its own (docs/compat.md).
 
     Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's (and
@@ -102,6 +122,7 @@ def uninstall() -> None:
         record = _record()
         if record is not None:
             _undo(record)
+        _kv_offload.uninstall()
 
 
 def installed() -> bool:

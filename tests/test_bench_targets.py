@@ -23,6 +23,7 @@ CASES = [
     "collect",
     "debug",
     "compat",
+    "kv-offload",
 ]
 
 

@@ -95,7 +95,7 @@ def test_a_longest_chain_is_found() -> None:
     assert longest_chain({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("name", ["compat.py", "vllm.py"])
+@pytest.mark.parametrize("name", ["_kv_offload.py", "compat.py", "vllm.py"])
 def test_the_adapters_reach_no_private_member_of_another_modules_class(name: str) -> None:
     # They use the pool's public API: a private name is read only on this module's own
     # objects (self, its classes) or on a module (bucketpool._lock.LOCK, say).

@@ -202,6 +202,7 @@ def check_compat(n: int, handle: BufferHandle, event: Event) -> None:
 
 def check_vllm() -> None:
     assert_type(bucketpool.vllm.install(), None)
+    assert_type(bucketpool.vllm.install(kv_offload=True), None)
     assert_type(bucketpool.vllm.uninstall(), None)
     assert_type(bucketpool.vllm.installed(), bool)
     bucketpool.vllm.install(True)  # type: ignore[call-arg]

@@ -1,0 +1,168 @@
+"""Serve vLLM's KV-offload handlers' descriptors from bucketpool: ``install(kv_offload=True)``.
+
+vLLM's ``SingleDirectionOffloadingHandler`` (and vllm-ascend's copy) pops a triple from its
+list ``_buffer_pool`` per transfer, else makes one with ``_new_descriptor_buffers(n)``, and
+appends it back once the copy's end event is done.  `install` rebinds that function to
+`_descriptors`, over one `BucketPool` per dtype and pinning it makes, and wraps the handler
+classes: ``__init__`` puts in a `_Returns`, whose ``append`` releases (so vLLM always asks for
+``n``), and ``shutdown`` gives back what vLLM synchronised and dropped.  Each tensor of a
+triple holds the `BufferHandle`: dropped unreleased, the last one warns and the buffer comes
+back, by reference counting.  `install`/`uninstall` run under `bucketpool.vllm`'s lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import sys
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from bucketpool._errors import ReleaseError
+from bucketpool._handle import BufferHandle
+from bucketpool._pool import ADAPTERS, BucketPool
+
+__all__ = ["install", "uninstall"]
+
+_NAME = "_new_descriptor_buffers"
+_HANDLE = "_bucketpool_handle"  # on each tensor handed out: the hand-out's holder
+_HANDLER = ("__init__", "transfer_async", "get_finished", "shutdown")  # a handler's methods
+_Triple = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+_swaps: list[tuple[object, str, object, object]] = []  # (owner, name, original, replacement)
+_pools: dict[tuple[torch.dtype, bool], BucketPool] = {}
+
+
+def _descriptors(pool: BucketPool, n: int) -> _Triple:
+    """``_new_descriptor_buffers(n)``: a whole bucket (>= *n*) as three fresh aliases."""
+    handle = pool.acquire(pool.bucket_capacity(n))
+    src, dst, sizes = (view.detach() for view in handle.buffers)  # only these hold it
+    for alias in (src, dst, sizes):
+        setattr(alias, _HANDLE, handle)
+    return src, dst, sizes
+
+
+ADAPTERS.add(_descriptors.__code__)  # a leak warning names vLLM's line that asked
+
+
+def _holder(triple: Sequence[object]) -> BufferHandle | None:
+    """The handle *triple*'s tensors hold; None for a triple bucketpool did not hand out."""
+    found = [getattr(each, "__dict__", {}).get(_HANDLE) for each in triple]
+    if any(found) and (len(found) != 3 or found.count(found[0]) != 3):
+        raise ReleaseError(
+            f"these {len(found)} tensors are not one triple of _new_descriptor_buffers(n) "
+            "(they mix hand-outs, or lack one); append the three it returned, together"
+        )
+    return typing.cast("BufferHandle | None", found[0] if found else None)
+
+
+class _Returns(list[_Triple]):
+    """A handler's ``_buffer_pool``: ``append`` releases a pool's triple, keeps any other.
+
+    ``append`` raises `ReleaseError` for a triple released already or mixing hand-outs.
+    """
+
+    __slots__ = ()
+
+    def append(self, triple: _Triple) -> None:
+        handle = _holder(triple)
+        if handle is None:
+            super().append(triple)
+        else:
+            handle.release()
+
+
+def _wrap_init(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)
+        if type(getattr(self, "_buffer_pool", None)) is list:
+            self._buffer_pool = _Returns(self._buffer_pool)
+
+    return __init__
+
+
+def _wrap_shutdown(original: Callable[..., object]) -> Callable[..., object]:
+    @functools.wraps(original)
+    def shutdown(self: Any, *args: object, **kwargs: object) -> object:
+        transfers = list(getattr(self, "_transfers", ()))
+        kept = [(triple, None) for triple in getattr(self, "_buffer_pool", ())]  # plain list
+        try:
+            return original(self, *args, **kwargs)
+        finally:  # not what vLLM still queues; after a failed sync, parked on the end event
+            left = {id(transfer) for transfer in getattr(self, "_transfers", ())}
+            done = [t for t in transfers if id(t) not in left]
+            fields = ("batch_src", "batch_dst", "batch_sizes")  # (some copies keep none)
+            given = [
+                ([getattr(t, f, None) for f in fields], getattr(t, "end_event", None)) for t in done
+            ]
+            for triple, event in kept + given:
+                with contextlib.suppress(Exception):  # a lost device's query(): parked
+                    handle = _holder(triple)
+                    if handle is not None and not handle.released:
+                        if event is not None:
+                            handle.record_event(event)
+                        handle.release()
+
+    return shutdown
+
+
+def _replacement(original: Callable[[int], _Triple], where: str) -> object:
+    """`_descriptors` over the pool of the dtype and pinning *original* makes."""
+    try:
+        probe = tuple(original(1))
+        kinds = {(each.dtype, each.is_pinned()) for each in probe}
+        (dtype, pinned), *others = kinds
+        if len(probe) != 3 or others or dtype not in (torch.int64, torch.uint64):
+            raise TypeError(
+                f"want 3 int64/uint64 of one (dtype, pinned), got {len(probe)}: {kinds}"
+            )
+    except Exception as error:
+        raise RuntimeError(
+            f"{where}.{_NAME}(1) makes no descriptors bucketpool can serve "
+            f"({type(error).__name__}: {error}); nothing was replaced"
+        ) from error
+    if (dtype, pinned) not in _pools:
+        _pools[dtype, pinned] = BucketPool(dtype=dtype, pin_memory=pinned)
+    return functools.partial(_descriptors, _pools[dtype, pinned])
+
+
+def install() -> None:
+    """Rebind and wrap in every imported module that has them (again: those imported since).
+
+    Raises:
+        ImportError: vLLM has no ``vllm.v1.kv_offload.cpu.gpu_worker``.
+        RuntimeError: a ``_new_descriptor_buffers`` makes buffers bucketpool cannot serve.
+    """
+    importlib.import_module("vllm.v1.kv_offload.cpu.gpu_worker")
+    ours = {id(new) for *_, new in _swaps}
+    made: dict[int, object] = {}
+    swaps: list[tuple[object, str, object, object]] = []
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] not in ("vllm", "vllm_ascend"):
+            continue
+        found = getattr(module, "__dict__", {}).get(_NAME)
+        if callable(found) and id(found) not in ours:
+            made[id(found)] = made.get(id(found)) or _replacement(found, name)
+            swaps.append((module, _NAME, found, made[id(found)]))
+        for each in list(getattr(module, "__dict__", {}).values()):
+            methods = vars(each) if isinstance(each, type) and each.__module__ == name else {}
+            if all(m in methods for m in _HANDLER) and id(methods["__init__"]) not in ours:
+                init, shutdown = methods["__init__"], methods["shutdown"]
+                swaps += [(each, "__init__", init, _wrap_init(init))]
+                swaps += [(each, "shutdown", shutdown, _wrap_shutdown(shutdown))]
+    for owner, attribute, _, new in swaps:
+        setattr(owner, attribute, new)
+    _swaps.extend(swaps)
+
+
+def uninstall() -> None:
+    """Put back every original `install` replaced, where its replacement is still bound."""
+    for owner, name, original, new in reversed(_swaps):
+        if vars(owner).get(name) is new:
+            setattr(owner, name, original)
+    _swaps.clear()
+    _pools.clear()  # each pool goes with the last of its hand-outs

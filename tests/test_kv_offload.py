@@ -1,0 +1,401 @@
+"""``install(kv_offload=True)``: vLLM's real KV-offload handlers on bucketpool's pool.
+
+Runs where a ``vllm`` package can be found (as ``test_vllm_real.py``), over the host
+stand-in of ``_kv_standin.py``: copies are queued and run in order only when the test
+advances the device, and each reads its descriptors when it runs, as a GPU does, so a
+buffer reused while its copy is queued changes what the copy moves.  Every trace is checked
+byte for byte against a model, with vLLM's own list and with the drop-in, under
+``torch.inference_mode()`` (vLLM's ``execute_model`` runs the transfers in it).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import importlib
+import random
+import sys
+import types
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import _kv_standin as kv_standin
+import _vllm_standin as standin
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from bucketpool import BucketPool, LeakWarning, ReleaseError, _kv_offload
+from bucketpool import vllm as bucketpool_vllm
+
+pytestmark = pytest.mark.skipif(
+    standin.vllm_locations() is None,
+    reason="no vLLM: run .ci/setup, or see docs/development.md",
+)
+
+PAGES = (48, 64)  # bytes per device block of each KV tensor
+DEVICE_BLOCKS = 32
+HOST_CHUNKS = 24
+
+
+def _vllm_names() -> set[str]:
+    return {name for name in sys.modules if name.split(".")[0] in ("vllm", "vllm_ascend")}
+
+
+@pytest.fixture(params=[False, True], ids=["int64", "xpu-uint64"])
+def gpu_worker(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[types.ModuleType]:
+    """vLLM's real ``gpu_worker`` over the stand-in; everything is undone afterwards."""
+    before = _vllm_names()
+    for name in ("BUCKETPOOL_CONF", "BUCKETPOOL_DEBUG"):  # the pools install makes: defaults
+        monkeypatch.delenv(name, raising=False)
+    kv_standin.install_kv_standin(monkeypatch, eager=False, xpu=request.param)
+    try:
+        yield importlib.import_module(kv_standin.KV_WORKER)
+    finally:
+        bucketpool_vllm.uninstall()
+        for name in _vllm_names() - before:
+            sys.modules.pop(name, None)
+
+
+def base() -> Any:
+    return sys.modules["vllm.v1.kv_offload.base"]
+
+
+def make_worker(module: types.ModuleType, blocks_per_chunk: int = 1) -> Any:
+    """A CPUOffloadingWorker over two device tensors of different page sizes, one group."""
+    b = base()
+    tensors = [
+        b.CanonicalKVCacheTensor(
+            tensor=kv_standin.device_tensor(DEVICE_BLOCKS, page), page_size_bytes=page
+        )
+        for page in PAGES
+    ]
+    refs = [[b.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=p) for i, p in enumerate(PAGES)]]
+    caches = b.CanonicalKVCaches(tensors=tensors, group_data_refs=refs)
+    return module.CPUOffloadingWorker(
+        kv_caches=caches, blocks_per_chunk=blocks_per_chunk, num_cpu_chunks=HOST_CHUNKS
+    )
+
+
+def specs(blocks: list[int], chunks: list[int]) -> tuple[Any, Any]:
+    common = importlib.import_module("vllm.v1.kv_offload.cpu.common")
+    gpu = base().GPULoadStoreSpec(blocks, group_sizes=(len(blocks),), block_indices=(0,))
+    return gpu, common.CPULoadStoreSpec(chunks)
+
+
+def pages(tensor: torch.Tensor, page: int) -> npt.NDArray[np.uint8]:
+    """A tensor's bytes as rows of one device page (host chunks hold several)."""
+    return torch.Tensor.numpy(tensor.as_subclass(torch.Tensor).view(torch.uint8)).reshape(-1, page)
+
+
+def run_trace(module: types.ModuleType, seed: int, steps: int, blocks_per_chunk: int) -> int:
+    """Drive a worker through random stores and loads, 1-3 in flight; check every byte.
+
+    Returns how many transfers were submitted.  Each step submits one transfer, lets 0-2
+    queued copies run (at most three stay queued), asks ``get_finished()``, and compares
+    every device and host byte with a model that applies each transfer when it runs.
+    """
+    rng = random.Random(seed)
+    device = standin.device()
+    worker = make_worker(module, blocks_per_chunk)
+    store = worker._store_handler
+    gpu = [pages(t, p) for t, p in zip(store.src_tensors, PAGES, strict=True)]
+    host = [pages(t, p) for t, p in zip(store.dst_tensors, PAGES, strict=True)]
+    for array in (*gpu, *host):
+        array[:] = np.frombuffer(rng.randbytes(array.size), np.uint8).reshape(array.shape)
+    model = [[a.copy() for a in gpu], [a.copy() for a in host]]
+    queued: list[tuple[int, list[int], list[int]]] = []  # (to host?, from rows, to rows)
+    finished: list[int] = []
+    try:
+        with torch.inference_mode():
+            for job in range(steps + 3):  # the last three only let the copies run
+                if job < steps:
+                    chunks = rng.sample(range(HOST_CHUNKS), rng.randint(1, 4))
+                    blocks = rng.sample(range(DEVICE_BLOCKS), len(chunks) * blocks_per_chunk)
+                    rows = [
+                        c * blocks_per_chunk + i for c in chunks for i in range(blocks_per_chunk)
+                    ]
+                    gpu_spec, cpu_spec = specs(blocks, chunks)
+                    if rng.random() < 0.5:
+                        assert worker.submit_store(job, gpu_spec, cpu_spec)
+                        queued.append((1, blocks, rows))
+                    else:
+                        assert worker.submit_load(job, cpu_spec, gpu_spec)
+                        queued.append((0, rows, blocks))
+                device.advance(rng.randint(0, 2) if job < steps else 1)
+                device.advance(device.submitted - device.done - 3)
+                for to_host, sources, targets in queued[: device.done - len(finished)]:
+                    for src, dst in zip(model[1 - to_host], model[to_host], strict=True):
+                        dst[targets] = src[sources]
+                del queued[: device.done - len(finished)]
+                finished += [result.job_id for result in worker.get_finished()]
+                assert len(finished) == device.done
+                for actual, expected in zip((*gpu, *host), (*model[0], *model[1]), strict=True):
+                    np.testing.assert_array_equal(actual, expected)
+        assert sorted(finished) == list(range(steps))  # stores are reported before loads
+    finally:
+        device.drain()
+        worker.shutdown()
+    return steps
+
+
+@pytest.mark.parametrize("blocks_per_chunk", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("install", [False, True], ids=["vllm-list", "installed"])
+def test_random_trace_is_byte_exact(
+    gpu_worker: types.ModuleType, install: bool, seed: int, blocks_per_chunk: int
+) -> None:
+    if install:
+        bucketpool_vllm.install(kv_offload=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LeakWarning)
+        run_trace(gpu_worker, seed, steps=60, blocks_per_chunk=blocks_per_chunk)
+        gc.collect()
+    if install:
+        (pool,) = _kv_offload._pools.values()
+        stats = pool.stats()
+        assert stats.active_requests.current == 0
+        assert stats.parked == 0
+        assert stats.hits > stats.misses  # served from the pool, not made per transfer
+
+
+def test_a_buffer_reused_in_flight_is_caught(
+    gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace can fail: a drop-in giving a buffer back at hand-out corrupts the bytes."""
+
+    def broken(pool: BucketPool, n: int) -> tuple[torch.Tensor, ...]:
+        handle = pool.acquire(pool.bucket_capacity(n))
+        triple = tuple(view.detach() for view in handle.buffers)
+        handle.release()  # too early: the copy has not run
+        return triple
+
+    monkeypatch.setattr(_kv_offload, "_descriptors", broken)
+    bucketpool_vllm.install(kv_offload=True)
+    with pytest.raises(AssertionError, match="Arrays are not equal"):
+        run_trace(gpu_worker, seed=0, steps=60, blocks_per_chunk=1)
+
+
+def pool_of(module: types.ModuleType) -> BucketPool:
+    factory = module._new_descriptor_buffers
+    assert isinstance(factory, functools.partial)
+    pool = factory.args[0]
+    assert isinstance(pool, BucketPool)
+    return pool
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["default-mode", "inference-mode"])
+def test_a_dropped_triple_warns_and_comes_back(
+    gpu_worker: types.ModuleType, inference: bool
+) -> None:
+    bucketpool_vllm.install(kv_offload=True)
+    pool = pool_of(gpu_worker)
+    with torch.inference_mode(inference):
+        triple = gpu_worker._new_descriptor_buffers(20)
+        assert [t.numel() for t in triple] == [32] * 3
+        head = triple[1][:20]  # a slice keeps the buffer out
+        del triple
+        assert len(pool.outstanding()) == 1
+        with pytest.warns(LeakWarning, match="n=32 was never released"):
+            del head
+    assert pool.outstanding() == []
+    assert pool.stats().leaks == 1
+
+
+def test_shutdown_gives_back_what_it_synchronised(gpu_worker: types.ModuleType) -> None:
+    bucketpool_vllm.install(kv_offload=True)
+    worker = make_worker(gpu_worker)
+    with torch.inference_mode():
+        for job in range(3):
+            assert worker.submit_store(job, *specs([job], [job]))
+    pool = pool_of(gpu_worker)
+    assert pool.stats().active_requests.current == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LeakWarning)
+        worker.shutdown()  # vLLM synchronises each end event, then drops the transfers
+        gc.collect()
+    stats = pool.stats()
+    assert stats.active_requests.current == 0
+    assert stats.parked == 0
+    assert stats.leaks == 0
+
+
+def test_a_failed_synchronize_keeps_in_flight_buffers_out_of_reuse(
+    gpu_worker: types.ModuleType,
+) -> None:
+    bucketpool_vllm.install(kv_offload=True)
+    worker = make_worker(gpu_worker)
+    handler = worker._store_handler
+    with torch.inference_mode():
+        for job in range(2):
+            assert handler.transfer_async(job, *specs([job], [job]))
+    in_flight = {transfer.batch_src.data_ptr() for transfer in handler._transfers}
+    kept = [*handler.src_tensors, *handler.dst_tensors]  # shutdown drops them; copies write
+
+    def device_lost() -> None:
+        raise RuntimeError("device lost")
+
+    handler._transfers[0].end_event.synchronize = device_lost
+    with pytest.raises(RuntimeError, match="device lost"):
+        handler.shutdown()
+    assert not handler._transfers
+    assert not handler._buffer_pool
+    pool = pool_of(gpu_worker)
+    assert pool.stats().parked == 2
+    assert pool.outstanding() == []
+    again = [gpu_worker._new_descriptor_buffers(1) for _ in range(2)]
+    assert not in_flight & {triple[0].data_ptr() for triple in again}
+    standin.device().drain()  # the copies ran after all
+    del kept
+    assert pool.collect() == 2
+    returns = _kv_offload._Returns()
+    for triple in again:
+        returns.append(triple)
+    assert pool.outstanding() == []
+    assert pool.stats().leaks == 0
+
+
+def test_shutdown_keeps_vllms_outcome_over_a_bad_triple(gpu_worker: types.ModuleType) -> None:
+    bucketpool_vllm.install(kv_offload=True)
+    handler = make_worker(gpu_worker)._store_handler
+    first, second = (gpu_worker._new_descriptor_buffers(4) for _ in range(2))
+    handler._buffer_pool = [(first[0], second[1], first[2])]  # a plain list, as vLLM's tests
+    handler.shutdown()  # the mixed triple is not given back, and raises nothing
+    assert not handler._buffer_pool
+    returns = _kv_offload._Returns()
+    returns.append(first)
+    returns.append(second)
+    assert pool_of(gpu_worker).outstanding() == []
+
+
+def test_appends_are_checked(gpu_worker: types.ModuleType) -> None:
+    bucketpool_vllm.install(kv_offload=True)
+    returns = _kv_offload._Returns()
+    first, second = (gpu_worker._new_descriptor_buffers(4) for _ in range(2))
+    with pytest.raises(ReleaseError, match="not one triple"):
+        returns.append((first[0], second[1], first[2]))
+    returns.append(first)
+    with pytest.raises(ReleaseError, match="already released"):
+        returns.append(first)
+    returns.append(second)
+    assert not returns
+    assert pool_of(gpu_worker).outstanding() == []
+
+
+def test_vllms_own_lists_keep_working(gpu_worker: types.ModuleType) -> None:
+    """A handler made before install (a plain list), and a triple made after uninstall."""
+    early = make_worker(gpu_worker)
+    bucketpool_vllm.install(kv_offload=True)
+    pool = pool_of(gpu_worker)
+    late = make_worker(gpu_worker)
+    assert type(early._store_handler._buffer_pool) is list
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LeakWarning)
+        with torch.inference_mode():
+            for job, worker in enumerate((early, late)):
+                assert worker.submit_store(job, *specs([job], [job]))
+        standin.device().drain()
+        assert [r.job_id for r in (*early.get_finished(), *late.get_finished())] == [0, 1]
+        assert len(early._store_handler._buffer_pool) == 1  # vLLM's list keeps it
+        assert not late._store_handler._buffer_pool  # released
+        early.shutdown()  # gives back what its plain list holds
+        bucketpool_vllm.uninstall()
+        with torch.inference_mode():
+            assert late.submit_store(2, *specs([2], [2]))  # vLLM's own buffers again
+        standin.device().drain()
+        late.get_finished()
+        assert len(late._store_handler._buffer_pool) == 1  # kept, as vLLM's list would
+        late.shutdown()
+        gc.collect()
+    assert pool.outstanding() == []
+    assert pool.stats().leaks == 0
+
+
+def _handler_class(module_name: str) -> type:
+    """A handler class defined in *module_name*, with the four methods install looks for."""
+
+    def __init__(self: Any) -> None:
+        self._buffer_pool = []
+        self._transfers = []
+
+    def shutdown(self: Any) -> None:
+        self._transfers.clear()
+
+    methods = {name: lambda self, *a: None for name in _kv_offload._HANDLER}
+    methods.update(__init__=__init__, shutdown=shutdown)
+    return type("SingleDirectionNPUOffloadingHandler", (), {**methods, "__module__": module_name})
+
+
+def test_install_rebinds_and_wraps_in_vllm_ascend(gpu_worker: types.ModuleType) -> None:
+    """vllm-ascend's worker imports vLLM's factory or defines its own; both are served."""
+    imported = types.ModuleType("vllm_ascend.kv_offload.imported")
+    vars(imported)["_new_descriptor_buffers"] = gpu_worker._new_descriptor_buffers
+    own = types.ModuleType("vllm_ascend.kv_offload.own")
+
+    def own_factory(n: int) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.empty(n, dtype=torch.int64) for _ in range(3))
+
+    handler = _handler_class(own.__name__)
+    vars(own).update(_new_descriptor_buffers=own_factory, Handler=handler)
+    originals = (vars(handler)["__init__"], vars(handler)["shutdown"])
+    sys.modules[imported.__name__] = imported
+    bucketpool_vllm.install(kv_offload=True)
+    assert isinstance(imported._new_descriptor_buffers, functools.partial)
+    sys.modules[own.__name__] = own  # not imported at install: install again serves it
+    assert own._new_descriptor_buffers is own_factory
+    assert type(handler()._buffer_pool) is list
+    bucketpool_vllm.install(kv_offload=True)
+    assert isinstance(own._new_descriptor_buffers, functools.partial)
+    made = handler()
+    assert isinstance(made._buffer_pool, _kv_offload._Returns)
+    made._transfers = [types.SimpleNamespace(end_event=None)]  # a Transfer with no triple
+    made.shutdown()
+    dtype = pool_of(gpu_worker).settings.dtype
+    assert (pool_of(own) is pool_of(gpu_worker)) is (dtype == torch.int64)
+    bucketpool_vllm.uninstall()
+    assert imported._new_descriptor_buffers is gpu_worker._new_descriptor_buffers
+    assert own._new_descriptor_buffers is own_factory
+    assert (vars(handler)["__init__"], vars(handler)["shutdown"]) == originals
+
+
+def test_uninstall_restores_vllm(gpu_worker: types.ModuleType) -> None:
+    cls = gpu_worker.SingleDirectionOffloadingHandler
+    originals = (gpu_worker._new_descriptor_buffers, vars(cls)["__init__"], vars(cls)["shutdown"])
+    bucketpool_vllm.install()  # without kv_offload: the KV worker is untouched
+    assert gpu_worker._new_descriptor_buffers is originals[0]
+    bucketpool_vllm.install(kv_offload=True)
+    bucketpool_vllm.install(kv_offload=True)  # again: nothing more
+    assert len(_kv_offload._swaps) == 3
+    assert vars(cls)["__init__"] is not originals[1]
+    bucketpool_vllm.uninstall()
+    assert (gpu_worker._new_descriptor_buffers, vars(cls)["__init__"], vars(cls)["shutdown"]) == (
+        originals
+    )
+    assert not bucketpool_vllm.installed()
+    assert not _kv_offload._pools
+
+
+def test_unservable_factory_replaces_nothing(gpu_worker: types.ModuleType) -> None:
+    odd = types.ModuleType("vllm.odd")
+    vars(odd)["_new_descriptor_buffers"] = lambda n: (torch.empty(n),) * 3
+    sys.modules[odd.__name__] = odd
+    original = gpu_worker._new_descriptor_buffers
+    with pytest.raises(
+        RuntimeError,
+        match=r"vllm\.odd\._new_descriptor_buffers\(1\).*float32.*nothing was replaced",
+    ):
+        bucketpool_vllm.install(kv_offload=True)
+    assert gpu_worker._new_descriptor_buffers is original
+    assert not _kv_offload._swaps
+
+
+def test_no_kv_worker_is_an_import_error(
+    gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, kv_standin.KV_WORKER, None)
+    with pytest.raises(ImportError, match=r"vllm\.v1\.kv_offload\.cpu\.gpu_worker"):
+        bucketpool_vllm.install(kv_offload=True)
