@@ -18,7 +18,6 @@ VIEW_SET_BYTES = 2048  # what one cached view set counts against max_cached_byte
 VIEW_SETS = 32  # view sets cached per buffer, one per recent n (the trade: docs/design.md)
 ENTRY_BYTES = 8
 _empty = torch.empty  # bound at import: a test that patches torch.empty does not reach us
-_new_set = tuple.__new__
 
 
 def new_tensor(size: int, dtype: torch.dtype, pin_memory: bool = False) -> torch.Tensor:
@@ -94,13 +93,7 @@ class Buffer:
             self._repair()
         views = self.views.get(n)
         if views is None:
-            return self.cut(n)
-        return views if views._token == self.token else self.hand(views, n)
-
-    def hand(self, cached: Views, n: int) -> Views:
-        """A new set of *cached*'s tensors for the live hand-out; a kept old set stays its own."""
-        views = self.views[n] = _new_set(Views, cached)  # (the tensors are the costly part)
-        views._buffer = self
+            views = self.cut(n)
         views._token = self.token
         return views
 
@@ -124,7 +117,8 @@ class Buffer:
                         else:
                             if ours:
                                 self.version = base._version  # our own change
-                            return self.hand(found, n)
+                            views[n] = found
+                            return found
                     break
         base, capacity = self.base, self.bucket.capacity
         if self.strict:  # guarded views, this hand-out's own: dropped as it ends
@@ -135,9 +129,9 @@ class Buffer:
                 base[capacity : capacity + n],
                 base[2 * capacity : 2 * capacity + n],
             )
-        found = _new_set(Views, fields)
+        found = tuple.__new__(Views, fields)
         found._buffer = self
-        found._token = token
+        found._token = 0
         if len(views) < VIEW_SETS:  # (full of this hand-out's own sets: not cached)
             views[n] = found
         return found

@@ -10,11 +10,9 @@ from bucketpool._buffer import VIEW_SET_BYTES, Buffer, field_arrays
 from bucketpool._errors import ReleaseError
 from bucketpool._ledger import AS_RECORDED, LEAK
 from bucketpool._lock import LATE, owned
-from bucketpool._views import CompletionEvent, DescriptorBuffers, IntegerInput, Views, record
+from bucketpool._views import CompletionEvent, DescriptorBuffers, IntegerInput, record
 
 __all__ = ["BufferHandle"]
-
-_new_set = tuple.__new__
 
 
 @final
@@ -93,12 +91,8 @@ class BufferHandle:
         if token <= 0 or buffer.token != token:
             self._refuse("with")
         if buffer.base._version == buffer.version:  # (`Buffer.views_for` inline: views to trust)
-            views = buffer.views.get(self._n)
-            if views is None:
-                return buffer.cut(self._n)
-            if views._token != token:  # (`Buffer.hand` inline: a kept old set stays its own)
-                views = buffer.views[self._n] = _new_set(Views, views)
-                views._buffer, views._token = buffer, token
+            views = buffer.views.get(self._n) or buffer.cut(self._n)
+            views._token = token
             return views
         return buffer.views_for(self._n)
 

@@ -149,19 +149,20 @@ class DescriptorBuffers(NamedTuple):
         token = self._token  # type: ignore[attr-defined]
         if type(count) is not int:
             count = as_index(count, "shrink: count", hint="pass the index add_copies() returned")
-        views = buffer.views.get(count)  # (no version check: a change of the holder's own)
-        if views is not None and views._token == token == buffer.token:
-            return views  # type: ignore[no-any-return]  # (a set of this hand-out: count <= n)
-        if buffer.token != token:
+        if token <= 0 or buffer.token != token:
             _over("shrink", buffer)
         if not 0 <= count <= buffer.n:
             raise ValueError(
                 f"shrink: count={count} is outside 0..n={buffer.n}; views can only shrink "
                 "(acquire a larger handle to write more entries)"
             )
-        if views is None:
-            return buffer.cut(count)  # type: ignore[no-any-return]
-        return buffer.hand(views, count)  # type: ignore[no-any-return]
+        views = buffer.views.get(count)  # (no version check: a change of the holder's own)
+        if views is not None:
+            views._token = token
+            return views  # type: ignore[no-any-return]
+        found: DescriptorBuffers = buffer.cut(count)
+        found._token = token  # type: ignore[attr-defined]
+        return found
 
     def record_event(self, event: CompletionEvent) -> None:
         """Keep the buffer out of reuse until *event* (and every other one recorded) is done.
