@@ -30,13 +30,18 @@ def all_done(events: Sequence[CompletionEvent]) -> bool:
     return all(event.query() for event in events)
 
 
-def wait(events: Sequence[CompletionEvent]) -> bool:
-    """Block until every event is done: ``synchronize()`` where it exists, else polling."""
+def wait(events: Sequence[CompletionEvent], deadline: float | None = None) -> bool:
+    """Block until every event is done: ``synchronize()`` where it exists, else polling.
+
+    With a *deadline* (`time.monotonic`) only ``query()`` is polled; False once it passes.
+    """
     for event in events:
         synchronize = getattr(event, "synchronize", None)
-        if callable(synchronize):
+        if deadline is None and callable(synchronize):
             synchronize()
         while not event.query():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
             time.sleep(_POLL_SECONDS)
     return True
 

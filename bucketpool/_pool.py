@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 import sys
+import time
 import typing
 import weakref
 from collections.abc import Callable, Sequence
@@ -267,15 +269,44 @@ class BucketPool:
         """
         return self._settle_parked(_parking.all_done, "collect")
 
-    def synchronize(self) -> None:
+    def synchronize(self, timeout: float | None = None) -> None:
         """Wait for every parked buffer's events (``synchronize()``, else ``query()``); retire them.
 
+        Args:
+            timeout: seconds to wait in all, or `None` (the default): for ever.  With a
+                timeout only ``query()`` is polled, as ``synchronize()`` cannot be interrupted.
+
         Raises:
+            TimeoutError: events still pending at the timeout; their buffers stay parked.
+            TypeError, ValueError: *timeout* is not a number of seconds >= 0.
             BaseException: the first error an event raised; its buffer stays parked.
             InFlightWriteError: (debug levels), as for `collect`.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
-        self._settle_parked(_parking.wait, "synchronize")
+        if timeout is None:
+            self._settle_parked(_parking.wait, "synchronize")
+            return
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"synchronize: timeout must be seconds or None, got {timeout!r}")
+        if not timeout >= 0:  # (NaN too)
+            raise ValueError(f"synchronize: timeout must be >= 0 seconds, got {timeout!r}")
+        deadline = time.monotonic() + timeout
+        late: list[Sequence[CompletionEvent]] = []  # the events still pending at the deadline
+
+        def finished(events: Sequence[CompletionEvent]) -> bool:
+            done = _parking.wait(events, deadline)
+            if not done:
+                late.append(events)
+            return done
+
+        self._settle_parked(finished, "synchronize")
+        if late:
+            raise TimeoutError(
+                f"synchronize: {len(late)} parked buffer(s) still wait for events not done after "
+                f"timeout={timeout} s; they stay parked (counted in stats().parked_bytes) and "
+                "come back once their events report done: call synchronize() or collect() "
+                "again later, or find the copy that never completes"
+            )
 
     def _settle_parked(
         self, finished: Callable[[Sequence[CompletionEvent]], bool], operation: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import typing
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -79,6 +80,38 @@ def test_checks_reports_a_stale_write_as_a_warning_naming_the_stale_holder(
     assert "released at" in message
     assert __file__ in message
     handle.release()
+
+
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_a_stale_write_during_the_next_hand_out_is_unreported_at_checks(
+    level: DebugLevel, no_heap_scans: None
+) -> None:
+    # What the debugging guide says `checks` catches: a stale write of sizes made before the
+    # buffer's next hand-out, reported there; not one made during it (no different from the
+    # holder's own writes). `strict` refuses both.
+    pool = BucketPool(debug=level)
+    with pool.acquire(4) as bufs:
+        kept = bufs.sizes
+    if level == "checks":
+        kept[0] = 7  # before the next hand-out
+        with pytest.warns(RuntimeWarning, match="written after its release"):
+            pool.acquire(4).release()
+    else:
+        with pytest.raises(UseAfterReleaseError):
+            kept[0] = 7
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pool.acquire(4) as bufs:  # the same buffer, handed out again
+            bufs.sizes.fill_(64)
+            if level == "checks":
+                kept[1] = 7  # during it: lands in the holder's sizes
+            else:
+                with pytest.raises(UseAfterReleaseError):
+                    kept[1] = 7
+            sizes = bufs.sizes.tolist()
+        pool.acquire(4).release()
+    assert sizes == ([64, 7, 64, 64] if level == "checks" else [64] * 4)
+    assert not caught  # never reported
 
 
 # -- checks: descriptors rewritten while a copy may read them ------------------------------
@@ -501,19 +534,42 @@ def test_deepcopy_of_live_views_works_at_every_level(pool_at_each_level: BucketP
 
 @pytest.mark.parametrize("level", ["checks", "strict"])
 def test_stale_views_refuse_to_fill_or_shrink_the_next_hand_out(level: DebugLevel) -> None:
-    # At "off" the next hand-out of the same n gets the very same view objects (see the
-    # debugging guide); at the debug levels every hand-out has its own.
+    # At the debug levels every hand-out has view sets of its own, so sets kept from the
+    # last hand-out of the same n refuse (at "off" they are the next holder's: below).
     pool = BucketPool(debug=level)
     with pool.acquire(4) as old:
-        pass
+        old_shrunk = old.shrink(2)
     with pool.acquire(4) as new:
+        new_shrunk = new.shrink(2)
         new.add_copies(0, [10, 11, 12, 13], [20, 21, 22, 23], 8)
-        with pytest.raises(ReleaseError, match="hand-out that is over"):
-            old.add_copies(0, [666], [666], 666)
-        with pytest.raises(ReleaseError, match="hand-out that is over"):
-            old.shrink(1)
+        for stale in (old, old_shrunk):
+            with pytest.raises(ReleaseError, match=r"add_copies: .* hand-out that is over"):
+                stale.add_copies(0, [666], [666], 666)
+            with pytest.raises(ReleaseError, match=r"add_block_copies: .* hand-out that is over"):
+                stale.add_block_copies(0, 0, 0, [0], [1], 666)
+            with pytest.raises(ReleaseError, match=r"shrink: .* hand-out that is over"):
+                stale.shrink(1)
+            with pytest.raises(ReleaseError, match=r"record_event: .* hand-out that is over"):
+                stale.record_event(FlagEvent())
         assert new.src_ptrs.tolist() == [10, 11, 12, 13]
         assert new.sizes.tolist() == [8] * 4
+        assert new_shrunk.shrink(1).sizes.tolist() == [8]  # the live sets still work
+    assert pool.stats().parked == 0  # no stale event was recorded
+
+
+def test_at_off_a_kept_set_refuses_until_its_n_is_handed_out_again() -> None:
+    # The limit the debugging guide states for "off": view sets are cached per n, and the
+    # next hand-out of the same n (or shrink count) is given the very same object.
+    pool = BucketPool(debug="off")
+    with pool.acquire(4) as kept:
+        kept_shrunk = kept.shrink(2)
+    with pool.acquire(8):  # the same buffer, another n: the kept sets still refuse
+        for stale in (kept, kept_shrunk):
+            with pytest.raises(ReleaseError, match=r"add_copies: .* hand-out that is over"):
+                stale.add_copies(0, [666], [666], 666)
+    with pool.acquire(4) as bufs:
+        assert bufs is kept  # the new holder's own views: kept.add_copies would fill them
+        assert bufs.shrink(2) is kept_shrunk
 
 
 def _with_block_in_a_function(pool: BucketPool) -> torch.Tensor:

@@ -485,6 +485,62 @@ def test_synchronize_calls_the_events_synchronize(pool: BucketPool) -> None:
     assert pool.stats().parked == 0
 
 
+class _NeverWaited(FlagEvent):
+    """Its ``synchronize()`` would wait for ever: with a timeout the pool must not call it."""
+
+    def synchronize(self) -> None:
+        raise AssertionError("synchronize(timeout=...) called the event's synchronize()")
+
+
+def test_synchronize_with_a_timeout_reports_what_stays_parked(pool: BucketPool) -> None:
+    stuck, finished = _NeverWaited(), FlagEvent()
+    for event in (stuck, finished):
+        handle = pool.acquire(8)
+        handle.record_event(event)
+        handle.release()
+    finished.done = True
+    with pytest.raises(TimeoutError, match=r"1 parked buffer\(s\) .* timeout=0 s; they stay"):
+        pool.synchronize(timeout=0)
+    stats = pool.stats()
+    assert (stats.parked, stats.buckets[0].cached) == (1, 1)  # the done one retired; none lost
+    with pytest.raises(TimeoutError, match=r"1 parked buffer\(s\) .* timeout=0.01 s"):
+        pool.synchronize(timeout=0.01)  # polled until the deadline: it never completes
+    assert stuck.queries > 2  # asked until the deadline
+    assert pool.stats().parked == 1
+    stuck.done = True
+    pool.synchronize(timeout=0)
+    stats = pool.stats()
+    assert (stats.parked, stats.buckets[0].cached) == (0, 2)
+
+
+def test_synchronize_with_a_timeout_waits_for_an_event_that_completes_late(
+    pool: BucketPool,
+) -> None:
+    late = ScriptedEvent(*[False] * 20, after=True)  # the release asks the first
+    handle = pool.acquire(8)
+    handle.record_event(late)
+    handle.release()
+    pool.synchronize(timeout=3600)  # done on its 21st question, long before the deadline
+    assert (pool.stats().parked, late.queries) == (0, 21)
+    pool.synchronize(timeout=0)  # nothing parked: returns at once
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(-1, ValueError), (float("nan"), ValueError), (True, TypeError), ("1", TypeError)],
+)
+def test_synchronize_refuses_a_bad_timeout(
+    pool: BucketPool, timeout: object, error: type[Exception]
+) -> None:
+    event = FlagEvent()
+    handle = pool.acquire(8)
+    handle.record_event(event)
+    handle.release()
+    with pytest.raises(error, match="synchronize: timeout must be"):
+        pool.synchronize(timeout=timeout)  # type: ignore[arg-type]
+    assert (event.queries, pool.stats().parked) == (1, 1)  # nothing asked, nothing changed
+
+
 # -- a real device -------------------------------------------------------------------------
 
 

@@ -327,6 +327,20 @@ def test_a_set_changed_by_a_holder_is_not_reused_for_another_n(
     assert_views_intact(pool, 40)  # a new n: the oldest set's turn to be reused
 
 
+def test_at_off_a_new_n_is_given_the_oldest_set_once_the_cache_is_full() -> None:
+    # As the debugging guide says: at "off" a set kept past its block is handed out again,
+    # also to a new n once the cache is full (resized in place), and fills that holder's.
+    pool = BucketPool(debug="off", min_capacity=64)  # every n below is one buffer's
+    with pool.acquire(1) as oldest:
+        pass
+    for other in range(2, 1 + VIEW_SETS):  # the cache fills up with other n
+        with pool.acquire(other):
+            pass
+    with pool.acquire(40) as bufs:
+        assert bufs is oldest
+        assert len(oldest.src_ptrs) == 40
+
+
 @pytest.mark.parametrize("tamper", UNCOUNTED.values(), ids=UNCOUNTED.keys())
 @pytest.mark.parametrize("route", ["reused from the oldest set", "shrunk from a larger n"])
 def test_checks_repairs_uncounted_changes_to_reused_and_shrunk_view_sets(

@@ -92,6 +92,9 @@ def check_pool(pool: BucketPool, n: int) -> None:
     assert_type(pool.empty_cache(), int)
     assert_type(pool.collect(), int)
     assert_type(pool.synchronize(), None)
+    assert_type(pool.synchronize(timeout=0.5), None)
+    assert_type(pool.synchronize(timeout=None), None)
+    pool.synchronize(timeout="1")  # type: ignore[arg-type]  # seconds, not a string
     assert_type(pool.reserve(64, count=2), None)
     assert_type(pool.outstanding(), list[OutstandingBuffer])
     assert_type(pool.outstanding()[0].acquired_at, str | None)
