@@ -1,4 +1,4 @@
-"""Fetch the vLLM test files .ci/check runs against its wheel, from vLLM's sdist.
+"""Fetch the vLLM test files tests/test_vllm_tests.py runs on its wheel, from vLLM's sdist.
 
 Usage: python .ci/vllm_tests.py DESTINATION (a directory; the files go to DESTINATION/tests).
 Nothing is fetched when every file is there already.

@@ -56,17 +56,23 @@ def _set_random_seed(seed: int) -> None:
 
 
 def install_kv_standin(
-    monkeypatch: pytest.MonkeyPatch, *, eager: bool, xpu: bool = False, device_tensors: bool = False
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    eager: bool,
+    cuda: bool = False,
+    xpu: bool = False,
+    device_tensors: bool = False,
 ) -> standin.HostDevice:
     """Put the EC stand-in and the KV worker's stubs in place for one test; return the device.
 
     With *device_tensors*, every ``CanonicalKVCacheTensor`` made holds a `FakeDeviceTensor`
-    (for vLLM's own tests, which make their "device" tensors on ``cpu:0`` here).
+    (for vLLM's own tests, which make their "device" tensors on ``cpu:0`` here); *eager*,
+    *cuda* and *xpu* go to `_vllm_standin.install_standin`.
 
     Raises:
         pytest.skip.Exception: no ``vllm`` package can be found.
     """
-    host = standin.install_standin(monkeypatch, eager=eager, xpu=xpu)
+    host = standin.install_standin(monkeypatch, eager=eager, cuda=cuda, xpu=xpu)
     locations = standin.vllm_locations()
     assert locations is not None
     stubs: dict[str, dict[str, object]] = {
