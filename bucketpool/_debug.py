@@ -6,6 +6,7 @@ import os
 import sys
 import traceback
 import typing
+import weakref
 import zlib
 from collections.abc import Callable, Sequence
 from types import CodeType, FrameType
@@ -97,8 +98,9 @@ def verify(buffer: Buffer, token: int, caching: bool) -> str | None:
     if token > 0 and buffer.own_views:  # the hand-out's own views (strict: arrays) end
         buffer.views = {}
         buffer.version = -1  # the next hand-out puts the buffer back first, whatever changed
-        for array in buffer.handed:
-            array.flags.writeable = False
+        for ref in buffer.handed:
+            if (array := ref()) is not None:
+                array.flags.writeable = False
         buffer.handed = []  # a new list: arrays derived from stale ones join the old one
     if not caching:
         return None
@@ -153,7 +155,7 @@ class _Owner(typing.NamedTuple):  # the hand-out a guarded view belongs to
 #: What a stale view may still do (print itself), and what returns arrays of its memory.
 _HARMLESS = frozenset({torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.__str__})
 _TO_NUMPY: frozenset[object] = frozenset((torch.Tensor.numpy, torch.Tensor.__array__))
-_Guard = tuple[list["np.ndarray[Any, Any]"], int, int]  # arrays to end, the memory's range
+_Guard = tuple[list["weakref.ref[np.ndarray[Any, Any]]"], int, int]  # arrays to end, memory range
 
 
 class GuardedArray(np.ndarray):
@@ -165,7 +167,7 @@ class GuardedArray(np.ndarray):
         guard: _Guard | None = getattr(obj, "_bp_guard", None)
         if guard is not None and guard[1] <= self.__array_interface__["data"][0] < guard[2]:
             self._bp_guard = guard
-            guard[0].append(self)  # not a derived array with memory of its own
+            guard[0].append(weakref.ref(self))  # not a derived array with memory of its own
 
 
 @typing.final
@@ -220,7 +222,7 @@ def _guard_array(array: np.ndarray[Any, Any], buffer: Buffer) -> Any:
     guarded = array.view(GuardedArray)
     low = buffer.storage.data_ptr()  # where the memory is now (share_memory_ moves it)
     guarded._bp_guard = (buffer.handed, low, low + buffer.storage.nbytes())
-    buffer.handed.append(guarded)
+    buffer.handed.append(weakref.ref(guarded))  # weakly: a cycle would keep freed memory
     return guarded
 
 
