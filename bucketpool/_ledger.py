@@ -216,10 +216,11 @@ class Ledger:
             parked = self.parked_bytes - nbytes if token < 0 else self.parked_bytes
             views = self.view_bytes + cost if token > 0 else self.view_bytes
             cached = self.cached[k]
-            keep = (
+            fixed = self.parked_views + cost if token > 0 else self.parked_views  # (not trimmed)
+            keep = (  # would it fit once other buckets' cached buffers and views were freed
                 not events
                 and cached < self.max_cached_per_bucket
-                and parked + (cached + 1) * nbytes + views <= self.max_cached_bytes
+                and parked + (cached + 1) * nbytes + fixed <= self.max_cached_bytes
             )
             if keep and (
                 self.allocated_bytes - self.active_bytes - self.parked_bytes + nbytes + parked
