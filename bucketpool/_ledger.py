@@ -39,7 +39,7 @@ class Ledger:
 
     __slots__ = (  # plain slots: attrs' hooks would cost time on every move
         *TOTALS,
-        *("allocated", "buckets", "cached", "max_cached_bytes", "misses", "old", "old_changes"),
+        *("allocated", "buckets", "cached", "changes", "max_cached_bytes", "misses", "old"),
         *("max_cached_per_bucket", "next_sweep", "parked", "parked_views", "plain"),
         *("__weakref__", "registry", "sweep_every", "takes", "verify", "young"),
     )
@@ -67,7 +67,7 @@ class Ledger:
         self.allocated_bytes = self.allocated_bytes_peak = self.allocated_bytes_total = 0
         self.parked_bytes = self.requested = self.leaks = self.view_bytes = 0
         self.parked_views = 0  # the part of view_bytes that parked buffers keep
-        self.tick = self.old_changes = 0  # hand-outs so far; moves that changed `old`
+        self.tick = self.changes = 0  # hand-outs so far; moves that changed a parking queue
 
     def serve(
         self,
@@ -91,6 +91,7 @@ class Ledger:
                 try:
                     if self.young[index] is parked:
                         del self.young[index]
+                        self.changes += 1
                 except IndexError:  # dropped at the front meanwhile
                     pass
                 self.parked[k] -= 1
@@ -179,6 +180,7 @@ class Ledger:
             if pending:
                 buffer.token, buffer.events = -token, pending
                 self.young += ([buffer, pending, self.tick],)
+                self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
                 self.parked_views += cost
@@ -246,6 +248,7 @@ class Ledger:
             if events:
                 buffer.token, buffer.events = -token, events
                 self.young += ([buffer, events, self.tick],)
+                self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
                 self.parked_views += cost  # (only a hand-out that ends parks: token > 0)
@@ -298,6 +301,7 @@ class Ledger:
             try:
                 if self.young[index] is record:
                     del self.young[index]
+                    self.changes += 1
             except IndexError:  # dropped at the front meanwhile
                 pass
             if buffer is None:
@@ -330,9 +334,9 @@ class Ledger:
             if record[0] is not None and record[2] >= oldest:
                 return record
             del self.young[0]
+            self.changes += 1
             if record[0] is not None:
                 self.old += (record,)
-                self.old_changes += 1
             return DROPPED
 
     def old_front(self) -> Parking | str | None:
@@ -342,7 +346,7 @@ class Ledger:
                 return None
             record = self.old[0]
             del self.old[0]
-            self.old_changes += 1
+            self.changes += 1
             if record[0] is None:
                 return DROPPED
             self.old += (record,)
@@ -350,14 +354,18 @@ class Ledger:
 
     def parked_records(self) -> tuple[list[Parking], list[Parking], int]:
         with LOCK:
-            return [*self.young], [*self.old], self.old_changes
+            return [*self.young], [*self.old], self.changes
 
-    def compact_old(self, live: collections.deque[Parking], seen: int) -> bool:
-        """Make *live* (less spent records) the old queue, if unchanged since *seen*."""
+    def compact(self, young: list[Parking], old: list[Parking], seen: int) -> bool:
+        """Make *young* and *old* (less spent records) the queues, if unchanged since *seen*."""
         with LOCK:
-            if self.old_changes != seen:
+            if self.changes != seen:
                 return False
-            self.old, self.old_changes = live, seen + 1
+            self.young *= 0  # in place: a poll reads the queue without the lock
+            self.young += young
+            self.old *= 0
+            self.old += old
+            self.changes = seen + 1
             return True
 
     def add_event(
