@@ -44,7 +44,7 @@ class Buffer:
     """One buffer: its memory, its cached views, and the records of its hand-out."""
 
     __slots__ = (
-        *("address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np"),
+        *("address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np", "ended"),
         *("events", "handed", "lasti", "ledger", "n", "poisoned", "recorded", "released_at"),
         *("own_views", "site", "storage", "strict", "token", "version", "view_bytes", "views"),
     )
@@ -78,7 +78,8 @@ class Buffer:
         self.released_at: object = None
         self.checksum: int | None = None  # debug levels: of the first n entries
         self.poisoned = 0  # debug levels: entries holding the poison
-        self.handed: list[Any] = []  # strict: arrays to make read-only at the end
+        self.handed: list[Any] = []  # strict: (weak references to) the hand-out's arrays
+        self.ended: list[Any] = []  # strict: those of ended hand-outs, made read-only next
 
     @property
     def arrays(self) -> DescriptorArrays:

@@ -21,6 +21,7 @@ __all__ = [
     "check_poison",
     "checksum",
     "code_line",
+    "end_arrays",
     "format_site",
     "guarded_arrays",
     "guarded_views",
@@ -93,29 +94,32 @@ def checksum(arrays: Sequence[Any], n: int) -> int:
     return value
 
 
-def verify(buffer: Buffer, token: int, caching: bool) -> str | None:
-    """(in `settle`, idempotent) End a hand-out's views; to cache, check the checksum, poison."""
-    if token > 0 and buffer.own_views:  # the hand-out's own views (strict: arrays) end
-        buffer.views = {}
-        buffer.version = -1  # the next hand-out puts the buffer back first, whatever changed
-        for ref in buffer.handed:
-            if (array := ref()) is not None:
-                array.flags.writeable = False
-        buffer.handed = []  # a new list: arrays derived from stale ones join the old one
+def verify(buffer: Buffer, token: int, caching: bool) -> tuple[str | None, Any]:
+    """(in `settle`, before its move) Check the checksum of a buffer to cache; change nothing.
+
+    Returns the problem found and the sizes to poison, which the move changes with the rest.
+    """
     if not caching:
-        return None
-    problem, stored = None, buffer.checksum
-    if stored is not None and token < 0 and stored != checksum(buffer.arrays, buffer.n):
+        return None, None
+    problem, stored, arrays = None, buffer.checksum, buffer.arrays
+    if stored is not None and token < 0 and stored != checksum(arrays, buffer.n):
         problem = (
             f"the descriptors of {describe(buffer.n, buffer.site, buffer.released_at)} changed "
             "between record_event() and the completion of its events: a copy in flight may have "
             "read the new values. Fill descriptors before recording the event, keep no views "
             "past the with block, or acquire another buffer"
         )
-    buffer.checksum = None
-    buffer.arrays[2][: buffer.n].fill(0)  # the poison: a stale batched copy moves nothing
-    buffer.poisoned = buffer.n
-    return problem
+    return problem, arrays[2]
+
+
+def end_arrays(buffer: Buffer) -> None:
+    """(after the move that ended strict hand-outs) Make their arrays read-only."""
+    ended = buffer.ended
+    for ref in ended:  # (a move may add more meanwhile: they are marked too)
+        if (array := ref()) is not None:
+            array.flags.writeable = False
+    if buffer.ended is ended:  # marked first: an interrupted pass is done again next time
+        buffer.ended = []
 
 
 def check_poison(buffer: Buffer) -> str | None:

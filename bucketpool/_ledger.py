@@ -50,7 +50,7 @@ class Ledger:
         max_cached_bytes: int,
         max_cached_per_bucket: int,
         sweep_every: int,
-        verify: Callable[[Buffer, int, bool], str | None] | None,
+        verify: Callable[[Buffer, int, bool], tuple[str | None, Any]] | None,
     ) -> None:
         self.buckets = [Bucket(k) for k in range(max_capacity.bit_length())]
         self.registry: dict[Buffer, None] = {}  # every buffer not freed (outstanding())
@@ -231,7 +231,7 @@ class Ledger:
                 if not force:
                     return (buffer, "crowded", None, None)
                 keep = False
-            problem = None if self.verify is None else self.verify(buffer, token, not events)
+            checked = None if self.verify is None else self.verify(buffer, token, not events)
             if entry is None:
                 del inbox[0]
             leak = None
@@ -269,6 +269,16 @@ class Ledger:
             if token > 0:
                 buffer.view_bytes = cost
             self.view_bytes = views
+            problem = None
+            if checked is not None:  # the debug levels' changes, with the move
+                problem, poison = checked
+                if token > 0 and buffer.own_views:  # the hand-out's own views end
+                    buffer.views, buffer.version = {}, -1  # (the next one puts it back first)
+                    buffer.ended += buffer.handed  # (strict) made read-only as the move ends
+                    buffer.handed = []
+                if poison is not None:  # a stale batched copy moves nothing
+                    poison[: buffer.n] = 0
+                    buffer.poisoned, buffer.checksum = buffer.n, None
         return (buffer, outcome, leak, problem)
 
     def uncache(self, bucket: Bucket, limit: int | None) -> Buffer | None:

@@ -57,6 +57,8 @@ def take_back(
             return None
     if buffer is None:
         return False
+    if buffer.ended:
+        _debug.end_arrays(buffer)
     if outcome == "freed":
         buffer.scrap()
     if leak is not None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, Literal
 
 import pytest
-from _events import ScriptedEvent
+from _events import FlagEvent, ScriptedEvent
 from _helpers import (
     PACKAGE_DIR,
     TRIPLE_16,
@@ -39,6 +39,7 @@ from _helpers import (
 from bucketpool import (
     BucketPool,
     BufferHandle,
+    InFlightWriteError,
     LeakWarning,
     PoolError,
     ReleaseError,
@@ -420,33 +421,88 @@ def _interrupt_at_call(number: int) -> Callable[[types.FrameType, str, Any], Any
     return tracer
 
 
-# Issue 18 (the third hostile review), case 7.
+# Issue 18 (the third hostile review), case 7; the fifth review: the verification's changes
+# (poison, views dropped, strict arrays read-only) were made before the move, which an
+# interrupt could then stop.
 @pytest.mark.parametrize("level", ["checks", "strict"])
 def test_an_interrupted_release_changes_nothing_the_holder_sees(level: DebugLevel) -> None:
     pool = BucketPool(debug=level)
     interrupted_held = 0
-    for number in range(1, 400):
+    for at in itertools.count(1):
+        assert at < 2_000, "the release never ran to its end uninterrupted"
         handle = pool.acquire(4)
         handle.add_copies(0, [11, 12], [21, 22], [5, 6])
-        sys.settrace(_interrupt_at_call(number))
+        bufs, arrays = handle.buffers, handle.arrays
+        interrupt = InterruptAt(at)
+        sys.setprofile(interrupt)
         try:
             handle.release()
-        except KeyboardInterrupt:
+        except InjectedInterrupt:
             pass
-        else:
-            sys.settrace(None)
-            break  # no call left to interrupt
         finally:
-            sys.settrace(None)
+            sys.setprofile(None)
+        if interrupt.where is None:
+            break  # no point left to interrupt
         if not handle.released:
             interrupted_held += 1
-            assert handle.arrays[2][:2].tolist() == [5, 6]  # not poisoned
-            handle.arrays[0][0] = 11  # still writable
+            assert arrays[2][:2].tolist() == [5, 6], interrupt.where  # not poisoned
+            arrays[0][0] = 11  # still writable
+            assert handle.buffers is bufs, interrupt.where  # its views kept
+            assert bufs.sizes[:2].tolist() == [5, 6]
             handle.release()
+        del bufs, arrays
         assert pool.stats().active_requests.current == 0
-    else:
-        pytest.fail("the release never ran to its end")
     assert interrupted_held > 0  # some interrupts did land before the release took effect
+
+
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_an_interrupted_retire_keeps_the_in_flight_check(
+    level: DebugLevel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt in the move that retires a buffer whose descriptors changed in flight
+    leaves it parked with its checksum: the next collect still reports the write."""
+    hook = sys.unraisablehook  # an interrupt injected into a message's generator: not ours
+
+    def unraisable(info: typing.Any) -> None:
+        if not isinstance(info.exc_value, InjectedInterrupt):
+            hook(info)
+
+    monkeypatch.setattr(sys, "unraisablehook", unraisable)
+    interrupted_parked = 0
+    for at in itertools.count(1):
+        assert at < 2_000, "the collect never ran to its end uninterrupted"
+        pool = BucketPool(debug=level)
+        handle = pool.acquire(4)
+        handle.add_copies(0, [11, 12], [21, 22], [5, 6])
+        event = FlagEvent()
+        handle.record_event(event)
+        handle.add_copies(0, [13], [23], [7])  # rewritten while the copy may read it
+        handle.release()
+        event.done = True
+        interrupt = InterruptAt(at)
+        sys.setprofile(interrupt)
+        try:
+            pool.collect()
+        except (InjectedInterrupt, InFlightWriteError):
+            pass
+        finally:
+            sys.setprofile(None)
+        if interrupt.where is None:
+            break
+        if pool._ledger.parked_bytes:  # (stats() would take the inbox back first)
+            interrupted_parked += 1
+            reports = []
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")  # an inbox taken back first warns instead
+                try:
+                    pool.collect()
+                except InFlightWriteError as error:
+                    reports.append(str(error))
+            reports += [str(warning.message) for warning in caught]
+            assert len(reports) == 1, (interrupt.where, reports)
+            assert "changed between record_event()" in reports[0]
+        assert pool.stats().parked == 0
+    assert interrupted_parked > 0
 
 
 # -- signals: an interrupt at each point where a handler can run, one by one ------------
