@@ -32,6 +32,7 @@ from _helpers import (
     in_package,
     run_script,
     stack_in_package,
+    thread_signals,
     wait_for_child,
     waiting_at,
 )
@@ -754,6 +755,118 @@ def test_a_forked_child_gets_a_working_pool_with_the_parents_records() -> None:
         exit_child(child)
     assert wait_for_child(pid) == 0
     held.release()
+
+
+def _ignore_injected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python hands what an at-fork handler raised to ``sys.unraisablehook`` and forks on:
+    an injected interrupt is expected there."""
+    hook = sys.unraisablehook
+
+    def unraisable(info: typing.Any) -> None:
+        if not isinstance(info.exc_value, InjectedInterrupt):
+            hook(info)
+
+    monkeypatch.setattr(sys, "unraisablehook", unraisable)
+
+
+def _lock_free_and_signals(mask: set[int | signal.Signals]) -> int:
+    """(in a child, or the parent) 0 if no thread holds the lock and the signal mask is
+    *mask*; else which was wrong."""
+    if _lock.owned():
+        return 2
+    if not _lock.LOCK.acquire(blocking=False):  # held by a thread the child does not have
+        return 3
+    _lock.LOCK.release()
+    return 0 if signal.pthread_sigmask(signal.SIG_BLOCK, ()) == mask else 4
+
+
+@needs_fork
+def test_an_interrupt_at_any_point_of_the_fork_handlers_keeps_the_lock_right(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deterministic: a fork, interrupted at each point of the pool's fork handlers where a
+    signal handler could raise, one by one (the fifth review: between the acquire and its
+    record the lock stayed held for ever).  Parent and child both end with the lock free,
+    their signals as they were, and a working pool."""
+    _ignore_injected(monkeypatch)
+    pool = BucketPool()
+    with pool.acquire(8):
+        pass
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    interrupted: list[str] = []
+    for at in itertools.count(1):
+        assert at < 200, "the fork never ran through its handlers uninterrupted"
+        inject = InterruptAt(at)
+        sys.setprofile(inject)
+        try:
+            pid = fork()
+        finally:
+            sys.setprofile(None)
+        if pid == 0:
+            exit_child(lambda: _lock_free_and_signals(mask) or fork_child_work(pool))
+        assert (wait_for_child(pid), _lock_free_and_signals(mask)) == (0, 0), inject.where
+        if inject.where is None:
+            break
+        interrupted.append(inject.where)
+    assert len(interrupted) >= 2, interrupted  # the handlers' Python parts were passed
+
+
+@needs_fork
+@pytest.mark.skipif(
+    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"),
+    reason="needs Linux's /proc to see a thread's pending signals",
+)
+def test_a_signal_while_the_fork_waits_for_the_lock_never_forks_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fifth review: a signal handler's exception while the fork handler waited for the
+    lock (another thread inside a move) forked without it, and the child inherited a lock
+    held by a thread it does not have.  Forced: a helper holds the lock until the forking
+    thread waits for it, signals that thread, and lets go once the signal is seen pending
+    (blocked for the wait) or the fork is over."""
+    _ignore_injected(monkeypatch)
+    pool = BucketPool()
+    main = threading.current_thread()
+    ran_in_package: list[bool] = []
+
+    def handler(signum: int, frame: types.FrameType | None) -> None:
+        ran_in_package.append(_package_code(frame))
+        if ran_in_package[-1]:
+            raise InjectedInterrupt  # inside the pool's fork handler
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    holding, forked = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def hold() -> None:
+        with _lock.LOCK:  # as a move does
+            holding.set()
+            deadline = time.monotonic() + GUARD_S  # a failure guard only
+            while not blocked_in_fork_handler(main) and time.monotonic() < deadline:
+                time.sleep(0)
+            seen.append("waiting" if blocked_in_fork_handler(main) else "never waited")
+            signal.pthread_kill(main.ident or 0, signal.SIGUSR1)
+            while time.monotonic() < deadline:
+                if signal.SIGUSR1 in thread_signals(main, "SigPnd") or forked.is_set():
+                    break
+                time.sleep(0)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    try:
+        holder.start()
+        assert holding.wait(GUARD_S)
+        pid = fork()
+        if pid == 0:
+            exit_child(lambda: _lock_free_and_signals(set()) or fork_child_work(pool))
+        forked.set()
+        holder.join(GUARD_S)
+        code = wait_for_child(pid)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert seen == ["waiting"]
+    assert ran_in_package == [False]  # handled once the fork was over, not inside it
+    assert code == 0  # the child's lock was free: the fork had it
+    assert _lock_free_and_signals(set()) == 0
 
 
 def hold_the_lock_until_the_fork_waits(
