@@ -45,9 +45,9 @@ class Buffer:
 
     __slots__ = (
         *("address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np"),
-        *("events", "handed", "lasti", "last_tuple", "ledger", "n", "poisoned", "recorded"),
-        "released_at",
-        *("own_views", "site", "storage", "strict", "token", "version", "view_bytes", "views"),
+        *("ended", "events", "handed", "lasti", "last_tuple", "ledger", "n", "poisoned"),
+        *("recorded", "released_at", "own_views", "site", "storage", "strict", "token"),
+        *("version", "view_bytes", "views"),
     )
 
     def __init__(
@@ -80,7 +80,8 @@ class Buffer:
         self.released_at: object = None
         self.checksum: int | None = None  # debug levels: of the first n entries
         self.poisoned = 0  # debug levels: entries holding the poison
-        self.handed: list[Any] = []  # strict: arrays to make read-only at the end
+        self.handed: list[Any] = []  # strict: (weak references to) the hand-out's arrays
+        self.ended: list[Any] = []  # strict: those of ended hand-outs, made read-only next
 
     @property
     def arrays(self) -> DescriptorArrays:

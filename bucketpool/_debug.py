@@ -6,6 +6,7 @@ import os
 import sys
 import traceback
 import typing
+import weakref
 import zlib
 from collections.abc import Callable, Sequence
 from types import CodeType, FrameType
@@ -20,6 +21,7 @@ __all__ = [
     "check_poison",
     "checksum",
     "code_line",
+    "end_arrays",
     "format_site",
     "guarded_arrays",
     "guarded_views",
@@ -92,28 +94,32 @@ def checksum(arrays: Sequence[Any], n: int) -> int:
     return value
 
 
-def verify(buffer: Buffer, token: int, caching: bool) -> str | None:
-    """(in `settle`, idempotent) End a hand-out's views; to cache, check the checksum, poison."""
-    if token > 0 and buffer.own_views:  # the hand-out's own views (strict: arrays) end
-        buffer.views = {}
-        buffer.version = -1  # the next hand-out puts the buffer back first, whatever changed
-        for array in buffer.handed:
-            array.flags.writeable = False
-        buffer.handed = []  # a new list: arrays derived from stale ones join the old one
+def verify(buffer: Buffer, token: int, caching: bool) -> tuple[str | None, Any]:
+    """(in `settle`, before its move) Check the checksum of a buffer to cache; change nothing.
+
+    Returns the problem found and the sizes to poison, which the move changes with the rest.
+    """
     if not caching:
-        return None
-    problem, stored = None, buffer.checksum
-    if stored is not None and token < 0 and stored != checksum(buffer.arrays, buffer.n):
+        return None, None
+    problem, stored, arrays = None, buffer.checksum, buffer.arrays
+    if stored is not None and token < 0 and stored != checksum(arrays, buffer.n):
         problem = (
             f"the descriptors of {describe(buffer.n, buffer.site, buffer.released_at)} changed "
             "between record_event() and the completion of its events: a copy in flight may have "
             "read the new values. Fill descriptors before recording the event, keep no views "
             "past the with block, or acquire another buffer"
         )
-    buffer.checksum = None
-    buffer.arrays[2][: buffer.n].fill(0)  # the poison: a stale batched copy moves nothing
-    buffer.poisoned = buffer.n
-    return problem
+    return problem, arrays[2]
+
+
+def end_arrays(buffer: Buffer) -> None:
+    """(after the move that ended strict hand-outs) Make their arrays read-only."""
+    ended = buffer.ended
+    for ref in ended:  # (a move may add more meanwhile: they are marked too)
+        if (array := ref()) is not None:
+            array.flags.writeable = False
+    if buffer.ended is ended:  # marked first: an interrupted pass is done again next time
+        buffer.ended = []
 
 
 def check_poison(buffer: Buffer) -> str | None:
@@ -153,7 +159,7 @@ class _Owner(typing.NamedTuple):  # the hand-out a guarded view belongs to
 #: What a stale view may still do (print itself), and what returns arrays of its memory.
 _HARMLESS = frozenset({torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.__str__})
 _TO_NUMPY: frozenset[object] = frozenset((torch.Tensor.numpy, torch.Tensor.__array__))
-_Guard = tuple[list["np.ndarray[Any, Any]"], int, int]  # arrays to end, the memory's range
+_Guard = tuple[list["weakref.ref[np.ndarray[Any, Any]]"], int, int]  # arrays to end, memory range
 
 
 class GuardedArray(np.ndarray):
@@ -165,7 +171,7 @@ class GuardedArray(np.ndarray):
         guard: _Guard | None = getattr(obj, "_bp_guard", None)
         if guard is not None and guard[1] <= self.__array_interface__["data"][0] < guard[2]:
             self._bp_guard = guard
-            guard[0].append(self)  # not a derived array with memory of its own
+            guard[0].append(weakref.ref(self))  # not a derived array with memory of its own
 
 
 @typing.final
@@ -220,7 +226,7 @@ def _guard_array(array: np.ndarray[Any, Any], buffer: Buffer) -> Any:
     guarded = array.view(GuardedArray)
     low = buffer.storage.data_ptr()  # where the memory is now (share_memory_ moves it)
     guarded._bp_guard = (buffer.handed, low, low + buffer.storage.nbytes())
-    buffer.handed.append(guarded)
+    buffer.handed.append(weakref.ref(guarded))  # weakly: a cycle would keep freed memory
     return guarded
 
 

@@ -39,7 +39,7 @@ class Ledger:
 
     __slots__ = (  # plain slots: attrs' hooks would cost time on every move
         *TOTALS,
-        *("allocated", "buckets", "cached", "max_cached_bytes", "misses", "old", "old_changes"),
+        *("allocated", "buckets", "cached", "changes", "max_cached_bytes", "misses", "old"),
         *("max_cached_per_bucket", "next_sweep", "parked", "parked_views", "plain"),
         *("__weakref__", "registry", "sweep_every", "takes", "verify", "young"),
     )
@@ -50,7 +50,7 @@ class Ledger:
         max_cached_bytes: int,
         max_cached_per_bucket: int,
         sweep_every: int,
-        verify: Callable[[Buffer, int, bool], str | None] | None,
+        verify: Callable[[Buffer, int, bool], tuple[str | None, Any]] | None,
     ) -> None:
         self.buckets = [Bucket(k) for k in range(max_capacity.bit_length())]
         self.registry: dict[Buffer, None] = {}  # every buffer not freed (outstanding())
@@ -67,7 +67,7 @@ class Ledger:
         self.allocated_bytes = self.allocated_bytes_peak = self.allocated_bytes_total = 0
         self.parked_bytes = self.requested = self.leaks = self.view_bytes = 0
         self.parked_views = 0  # the part of view_bytes that parked buffers keep
-        self.tick = self.old_changes = 0  # hand-outs so far; moves that changed `old`
+        self.tick = self.changes = 0  # hand-outs so far; moves that changed a parking queue
 
     def serve(
         self,
@@ -91,6 +91,7 @@ class Ledger:
                 try:
                     if self.young[index] is parked:
                         del self.young[index]
+                        self.changes += 1
                 except IndexError:  # dropped at the front meanwhile
                     pass
                 self.parked[k] -= 1
@@ -179,6 +180,7 @@ class Ledger:
             if pending:
                 buffer.token, buffer.events = -token, pending
                 self.young += ([buffer, pending, self.tick],)
+                self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
                 self.parked_views += cost
@@ -216,10 +218,11 @@ class Ledger:
             parked = self.parked_bytes - nbytes if token < 0 else self.parked_bytes
             views = self.view_bytes + cost if token > 0 else self.view_bytes
             cached = self.cached[k]
-            keep = (
+            fixed = self.parked_views + cost if token > 0 else self.parked_views  # (not trimmed)
+            keep = (  # would it fit once other buckets' cached buffers and views were freed
                 not events
                 and cached < self.max_cached_per_bucket
-                and parked + (cached + 1) * nbytes + views <= self.max_cached_bytes
+                and parked + (cached + 1) * nbytes + fixed <= self.max_cached_bytes
             )
             if keep and (
                 self.allocated_bytes - self.active_bytes - self.parked_bytes + nbytes + parked
@@ -228,7 +231,7 @@ class Ledger:
                 if not force:
                     return (buffer, "crowded", None, None)
                 keep = False
-            problem = None if self.verify is None else self.verify(buffer, token, not events)
+            checked = None if self.verify is None else self.verify(buffer, token, not events)
             if entry is None:
                 del inbox[0]
             leak = None
@@ -245,6 +248,7 @@ class Ledger:
             if events:
                 buffer.token, buffer.events = -token, events
                 self.young += ([buffer, events, self.tick],)
+                self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
                 self.parked_views += cost  # (only a hand-out that ends parks: token > 0)
@@ -265,6 +269,16 @@ class Ledger:
             if token > 0:
                 buffer.view_bytes = cost
             self.view_bytes = views
+            problem = None
+            if checked is not None:  # the debug levels' changes, with the move
+                problem, poison = checked
+                if token > 0 and buffer.own_views:  # the hand-out's own views end
+                    buffer.views, buffer.version = {}, -1  # (the next one puts it back first)
+                    buffer.ended += buffer.handed  # (strict) made read-only as the move ends
+                    buffer.handed = []
+                if poison is not None:  # a stale batched copy moves nothing
+                    poison[: buffer.n] = 0
+                    buffer.poisoned, buffer.checksum = buffer.n, None
         return (buffer, outcome, leak, problem)
 
     def uncache(self, bucket: Bucket, limit: int | None) -> Buffer | None:
@@ -297,6 +311,7 @@ class Ledger:
             try:
                 if self.young[index] is record:
                     del self.young[index]
+                    self.changes += 1
             except IndexError:  # dropped at the front meanwhile
                 pass
             if buffer is None:
@@ -329,9 +344,9 @@ class Ledger:
             if record[0] is not None and record[2] >= oldest:
                 return record
             del self.young[0]
+            self.changes += 1
             if record[0] is not None:
                 self.old += (record,)
-                self.old_changes += 1
             return DROPPED
 
     def old_front(self) -> Parking | str | None:
@@ -341,7 +356,7 @@ class Ledger:
                 return None
             record = self.old[0]
             del self.old[0]
-            self.old_changes += 1
+            self.changes += 1
             if record[0] is None:
                 return DROPPED
             self.old += (record,)
@@ -349,14 +364,18 @@ class Ledger:
 
     def parked_records(self) -> tuple[list[Parking], list[Parking], int]:
         with LOCK:
-            return [*self.young], [*self.old], self.old_changes
+            return [*self.young], [*self.old], self.changes
 
-    def compact_old(self, live: collections.deque[Parking], seen: int) -> bool:
-        """Make *live* (less spent records) the old queue, if unchanged since *seen*."""
+    def compact(self, young: list[Parking], old: list[Parking], seen: int) -> bool:
+        """Make *young* and *old* (less spent records) the queues, if unchanged since *seen*."""
         with LOCK:
-            if self.old_changes != seen:
+            if self.changes != seen:
                 return False
-            self.old, self.old_changes = live, seen + 1
+            self.young *= 0  # in place: a poll reads the queue without the lock
+            self.young += young
+            self.old *= 0
+            self.old += old
+            self.changes = seen + 1
             return True
 
     def add_event(

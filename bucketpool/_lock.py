@@ -7,7 +7,9 @@ no user code and, at ``off``, calls nothing.
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import threading
 from collections.abc import Callable
 
@@ -21,25 +23,40 @@ owned: Callable[[], bool] = LOCK._is_owned  # type: ignore[attr-defined]
 #: made the move takes them back as it ends (`BucketPool` drains them).
 LATE: list[Callable[[], object]] = []
 
-_taken_for_fork: list[bool] = []  # whether `_before_fork` took the lock
+_blocked: dict[int, set[int | signal.Signals]] = {}  # each forking thread's own blocked signals
 
 
-def _before_fork() -> None:
-    # The one place the lock is not taken with ``with``: a hold across the fork has no
-    # block to live in.  Blocking is safe: a move waits for nothing.  A thread that forks
-    # from inside a move (a finaliser that forks) forks with the lock as it is.
-    taken = not owned()
-    if taken:
-        LOCK.acquire()
-    _taken_for_fork.append(taken)
+def _note_mask() -> None:
+    # Interrupted here, nothing is taken: the fork goes on blocking every signal anyway.
+    _blocked[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, ())
 
 
-def _after_fork() -> None:
-    if _taken_for_fork and _taken_for_fork.pop():
-        LOCK.release()
+def _block_again() -> None:
+    # Interrupted here, the lock is back and the thread's signals unblocked, as a thread's
+    # usually are; only ones it had blocked itself would stay unblocked.
+    if blocked := _blocked.pop(threading.get_ident(), None):
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
 
 
+# The lock is held across the fork by C functions, with no bytecode where a signal handler's
+# exception could land: the RLock's own count records what was taken, and the after
+# handlers release exactly that (a thread forking from inside a move enters it twice, and
+# leaves it once).  The wait for the lock is C too, with every signal blocked in the forking
+# thread: no handler can interrupt it (that would fork without the lock), and what arrives
+# meanwhile is handled as the fork ends.  The handlers run in this order: before, in the
+# reverse order of registration; after, in order.
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(
-        before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork
+        before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release
     )
+    if hasattr(signal, "pthread_sigmask"):
+        _every = signal.valid_signals()
+        _unblock = functools.partial(signal.pthread_sigmask, signal.SIG_UNBLOCK, _every)
+        os.register_at_fork(
+            before=functools.partial(signal.pthread_sigmask, signal.SIG_BLOCK, _every),
+            after_in_parent=_unblock,
+            after_in_child=_unblock,
+        )
+        os.register_at_fork(
+            before=_note_mask, after_in_parent=_block_again, after_in_child=_block_again
+        )

@@ -8,7 +8,6 @@ The queues' order is in docs/design.md ("Parking order").  Events are asked with
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Callable, Sequence
 
@@ -129,8 +128,10 @@ def sweep(
                 first_error = error
             if done and ledger.retire(found) is not None:
                 retired += 1
-        if old:
-            ledger.compact_old(collections.deque([r for r in old if r[0] is not None]), seen)
+        young, old, seen = ledger.parked_records()  # spent ones dropped: a poll walks none
+        ledger.compact(
+            [r for r in young if r[0] is not None], [r for r in old if r[0] is not None], seen
+        )
         return retired, first_error
     finally:
         first_error = error = None  # no cycle through this frame (see `_ask`)

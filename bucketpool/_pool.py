@@ -194,6 +194,8 @@ class BucketPool:
 
     def _handed_out(self, buffer: Buffer) -> None:
         """Check the last release's poison, record the site."""
+        if buffer.ended:  # an interrupt kept the last release from making them read-only
+            _debug.end_arrays(buffer)
         if self._level and (stale := _debug.check_poison(buffer)) is not None:
             _returns.warn(stale, RuntimeWarning)
         code = buffer.code

@@ -51,12 +51,16 @@ def take_back(
             queued = None
         own = bucket.nbytes + queued[3] if queued is not None and queued[1] > 0 else 0
         room = ledger.max_cached_bytes - ledger.parked_bytes - ledger.parked_views - own
-        trim_to(ledger, room, keep=bucket)
+        kept = sum(bucket.nbytes + cached.view_bytes for cached in bucket.free)  # (hints)
+        if kept <= room:  # else room elsewhere would not fit it: it is freed, nothing more
+            trim_to(ledger, room, keep=bucket)
         buffer, outcome, leak, problem = ledger.settle(bucket, force=True, entry=entry, seen=seen)
         if outcome == "recorded":
             return None
     if buffer is None:
         return False
+    if buffer.ended:
+        _debug.end_arrays(buffer)
     if outcome == "freed":
         buffer.scrap()
     if leak is not None:

@@ -243,16 +243,29 @@ def stack_in_package(thread: threading.Thread) -> bool:
 
 
 def blocked_in_fork_handler(thread: threading.Thread) -> bool:
-    """Whether *thread* is inside `fork` (``os.fork()``), waiting for a lock in one of the
-    package's fork handlers: the innermost frame is the package's, on a line that acquires
-    a lock, and was called by ``os.fork()`` from `fork`."""
+    """Whether *thread* is inside `fork` (``os.fork()``), waiting for the pool's lock in its
+    fork handlers: in ``os.fork()`` itself past the handlers that block every signal (the
+    wait is C), or (as the handlers once were) on a package line that acquires a lock."""
     assert thread.ident is not None
     frame = sys._current_frames().get(thread.ident)
+    if frame is not None and frame.f_code is fork.__code__:
+        return signal.SIGUSR1 in thread_signals(thread, "SigBlk")
     if frame is None or not frame.f_code.co_filename.startswith(PACKAGE_DIR):
         return False
     line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
     caller = frame.f_back
     return ".acquire(" in line and caller is not None and caller.f_code is fork.__code__
+
+
+def thread_signals(thread: threading.Thread, field: str) -> set[int]:
+    """The signals in *thread*'s mask *field* (``SigBlk``: blocked, ``SigPnd``: pending for
+    it), from Linux's ``/proc``; every signal where there is none (as if always so)."""
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/status") as status:
+            mask = next(int(line.split()[1], 16) for line in status if line.startswith(field))
+    except (OSError, StopIteration):
+        return set(signal.valid_signals())
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
 
 
 def waiting_at(thread: threading.Thread, line: str) -> bool:

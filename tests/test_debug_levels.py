@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import typing
 import warnings
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -438,6 +440,29 @@ def test_strict_refuses_writes_through_kept_numpy_slices_and_view_numpy() -> Non
             kept_numpy[0] = 99
         assert 99 not in fresh.src_ptrs.tolist()
         assert 99 not in fresh.dst_ptrs.tolist()
+
+
+def test_a_freed_strict_buffer_needs_no_cyclic_collection() -> None:
+    """The arrays a strict hand-out gave (and ones derived from them) are no cycle: once
+    dropped and the buffer freed, its memory goes at once, with the collector off."""
+    pool = BucketPool(debug="strict")
+    gc.disable()
+    try:
+        handle = pool.acquire(8)
+        owner: object = handle._buffer.arrays[0]
+        while isinstance(owner, np.ndarray):  # the tensor that owns the arrays' memory
+            owner = owner.base
+        memory = weakref.ref(owner)
+        del owner
+        src, dst, sizes = handle.arrays
+        derived = src[2:5]
+        handle.buffers.dst_ptrs.numpy()[0] = 1
+        handle.release()
+        del src, dst, sizes, derived, handle
+        assert pool.trim(0) > 0
+        assert memory() is None
+    finally:
+        gc.enable()
 
 
 # -- strict: views work while held ---------------------------------------------------------

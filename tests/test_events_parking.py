@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
-from _events import DeviceError, FlagEvent, ScriptedEvent, SyncEvent
+from _events import DeviceError, FlagEvent, RaisingEvent, ScriptedEvent, SyncEvent
 from _helpers import TRIPLE_16, bucket_map, data_ptrs, has_pattern, make_pattern, write_pattern
 
 from bucketpool import (
@@ -20,6 +20,7 @@ from bucketpool import (
     DebugLevel,
     ReleaseError,
 )
+from bucketpool._ledger import Ledger
 from bucketpool._parking import AGE, POLL_BUDGET
 from bucketpool.compat import DescriptorBufferPool
 
@@ -738,6 +739,47 @@ def test_stuck_parked_buffers_do_not_stop_completed_ones_coming_back() -> None:
         allocations.append(pool.stats().allocations.current)
     assert allocations[-1] == allocations[AGE + 8]  # nothing new after warm-up
     assert allocations[-1] <= 2_000 + AGE + 8
+
+
+@pytest.mark.parametrize("settle", ["collect", "synchronize"])
+def test_after_a_sweep_behind_a_stuck_copy_an_acquire_walks_no_spent_record(
+    settle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the next acquire looks at does not grow with how many records the sweep spent
+    behind a stuck copy at the young front (it walked every one, a move each)."""
+    walked: list[int] = []
+
+    def walk_after_sweeping(retired: int) -> int:
+        pool = BucketPool(max_cached_per_bucket=4096, max_cached_bytes=1 << 30)
+        stuck, *held = [pool.acquire(8) for _ in range(retired + 1)]
+        stuck.record_event(RaisingEvent(raises=-1))  # a lost device: it stays at the front
+        with pytest.raises(DeviceError):
+            stuck.release()
+        events = [SyncEvent() for _ in held]  # all parked in one hand-out: the front is young
+        for handle, event in zip(held, events, strict=True):
+            handle.record_event(event)
+            handle.release()
+        for event in events:
+            event.done = True
+        with pytest.raises(DeviceError):  # reported; the buffers behind it retire
+            getattr(pool, settle)()
+        assert pool.stats().parked == 1
+        steps = [0]
+        for name in ("retire", "young_front", "old_front", "serve"):
+            move = getattr(Ledger, name)
+
+            def counted(*args: typing.Any, _move: typing.Any = move) -> typing.Any:
+                steps[0] += 1
+                return _move(*args)
+
+            monkeypatch.setattr(Ledger, name, counted)
+        with pool.acquire(300):  # a miss: it polls the parked records
+            pass
+        monkeypatch.undo()
+        return steps[0]
+
+    walked = [walk_after_sweeping(retired) for retired in (10, 1_000)]
+    assert walked[0] == walked[1] <= 2 * POLL_BUDGET + 4
 
 
 def test_a_stuck_copy_that_completes_later_comes_back_without_collect() -> None:

@@ -48,6 +48,40 @@ def test_byte_cap_evicts_least_recently_used_bucket_first(pool: BucketPool) -> N
     assert pool.stats().cached_bytes == 4608
 
 
+def test_a_release_crowded_by_view_sets_frees_the_lru_bucket_not_itself() -> None:
+    """The fit test counts only what making room cannot free: another bucket's view sets
+    go with its buffer, so the LRU buffer is freed and the released one is cached."""
+    older = TRIPLE_16 + 16 * VIEW_SET_BYTES  # a buffer of 16 entries with 16 view sets
+    pool = BucketPool(max_cached_bytes=older + 1000, idle_trim_acquires=0)
+    for n in range(1, 17):
+        with pool.acquire(n):
+            pass
+    assert pool.stats().cached_bytes + pool.stats().view_bytes == older
+    with pool.acquire(32):  # 768 bytes and one view set: fits once the older one goes
+        pass
+    stats = pool.stats()
+    assert [(b.capacity, b.cached) for b in stats.buckets] == [(16, 0), (32, 1)]
+    assert stats.cached_bytes + stats.view_bytes == 2 * TRIPLE_16 + VIEW_SET_BYTES
+
+
+def test_a_release_that_room_elsewhere_could_not_fit_frees_only_itself() -> None:
+    """Its own bucket's view sets would still crowd it out: other buckets stay cached."""
+    crowded = 2 * 768 + 17 * VIEW_SET_BYTES  # two of 32 entries, one with 16 view sets
+    pool = BucketPool(max_cached_bytes=crowded - 100, idle_trim_acquires=0)
+    with pool.acquire(16):  # the least recently used bucket: room that would not help
+        pass
+    first = pool.acquire(32)
+    second = pool.acquire(32)
+    first.release()
+    for n in range(17, 33):
+        with pool.acquire(n):
+            pass
+    second.buffers  # noqa: B018  (a view set of its own)
+    second.release()
+    stats = pool.stats()
+    assert [(b.capacity, b.cached) for b in stats.buckets] == [(16, 1), (32, 1)]
+
+
 @pytest.mark.pool(max_cached_bytes=1 * KIB)
 def test_a_buffer_larger_than_the_cap_is_freed_on_release(pool: BucketPool) -> None:
     with pool.acquire(1024):
