@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
-import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -130,26 +129,23 @@ def _replacement(original: Callable[[int], _Triple], where: str) -> object:
     return functools.partial(_descriptors, _pools[dtype, pinned])
 
 
-def install() -> None:
-    """Rebind and wrap in every imported module that has them (again: those imported since).
+def install(modules: Iterable[ModuleType]) -> None:
+    """Rebind and wrap in every one of *modules* that has them and is not served yet.
 
     Raises:
-        ImportError: vLLM has no ``vllm.v1.kv_offload.cpu.gpu_worker``.
         RuntimeError: a ``_new_descriptor_buffers`` makes buffers bucketpool cannot serve.
     """
-    importlib.import_module("vllm.v1.kv_offload.cpu.gpu_worker")
     ours = {id(new) for *_, new in _swaps}
     made: dict[int, object] = {}
     swaps: list[tuple[object, str, object, object]] = []
-    for name, module in list(sys.modules.items()):
-        if name.split(".")[0] not in ("vllm", "vllm_ascend"):
-            continue
-        found = getattr(module, "__dict__", {}).get(_NAME)
+    for module in modules:
+        found = vars(module).get(_NAME)
         if callable(found) and id(found) not in ours:
-            made[id(found)] = made.get(id(found)) or _replacement(found, name)
+            made[id(found)] = made.get(id(found)) or _replacement(found, module.__name__)
             swaps.append((module, _NAME, found, made[id(found)]))
-        for each in list(getattr(module, "__dict__", {}).values()):
-            methods = vars(each) if isinstance(each, type) and each.__module__ == name else {}
+        for each in list(vars(module).values()):
+            mine = isinstance(each, type) and each.__module__ == module.__name__
+            methods = vars(each) if mine else {}
             if all(m in methods for m in _HANDLER) and id(methods["__init__"]) not in ours:
                 init, shutdown = methods["__init__"], methods["shutdown"]
                 swaps += [(each, "__init__", init, _wrap_init(init))]

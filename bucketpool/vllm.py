@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import sys
 import threading
 import typing
@@ -60,60 +61,52 @@ _installed: _Installed | None = globals().get("_installed")
 def install(*, kv_offload: bool = False) -> None:
     """Make vLLM's EC CPU worker, and its KV-offload handlers if asked, use bucketpool.
 
-    See docs/compat.md.  Call it in every process before vLLM builds its workers; again
-    while installed: nothing more (with *kv_offload*: serves modules imported since).
+    Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's (and
+    vllm-ascend's) modules bind them, and wraps ``ECCPUWorker.shutdown`` to release the
+    triples it drops (docs/compat.md).  Only pools created afterwards are bucketpool's: call
+    it in every process before vLLM builds its workers.  Again while installed: nothing more
+    (with *kv_offload*: serves modules imported since).  Serialised by a lock.
 
     Args:
         kv_offload: also serve vLLM's (and vllm-ascend's) KV-offload handlers.
 
     Raises:
-        ImportError: no vLLM, no EC CPU worker or (*kv_offload*) no KV-offload worker.
+        ImportError: no vLLM, no EC CPU ``descriptor_buffers`` module or (*kv_offload*) no
+            KV-offload worker; `ModuleNotFoundError` naming a module vLLM imports that is
+            not installed.
         RuntimeError: vLLM's descriptors are of fields or dtypes bucketpool cannot serve;
             nothing of that part was replaced (the EC part installs first).
     """
-    _install_ec()
-    if kv_offload:
-        with _lock:
-            _kv_offload.install()
+    with _lock:
+        _install_ec()
+        if kv_offload:
+            importlib.import_module("vllm.v1.kv_offload.cpu.gpu_worker")
+            _kv_offload.install(_vllm_modules())
 
 
 def _install_ec() -> None:
-    """Make vLLM's EC CPU worker use bucketpool's pool instead of its own (docs/compat.md).
-
-    Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's (and
-    vllm-ascend's) modules bind them, and wraps ``ECCPUWorker.shutdown`` to release the
-    triples it drops.  Only pools created afterwards are bucketpool's: call it before vLLM
-    builds its workers, in every process.  Again while installed: nothing.  Serialised by a lock.
-
-    Raises:
-        ImportError: vLLM is not installed, or has no EC CPU ``descriptor_buffers`` module;
-            `ModuleNotFoundError` naming a module vLLM imports that is not installed.
-        RuntimeError: vLLM's ``DescriptorBuffers`` has neither known set of fields, or its
-            pool's tensors are not of one int64 or uint64 dtype; nothing was replaced.
-    """
     global _installed
-    with _lock:
-        stale = _record()
-        if stale is not None:
-            if _in_effect(stale):
-                return
-            _undo(stale)  # vLLM's module was reloaded or imported anew since
-        module = _find_target()
-        originals = (module.DescriptorBufferPool, module.DescriptorBuffers)
-        replacements = _adapters(module)
-        swaps: _Swaps = tuple(zip(originals, replacements, strict=True))
-        if stale is not None:  # modules that did not reload still bind the classes it replaced
-            swaps += tuple(
-                (original, replacements[i % 2])
-                for i, (original, _) in enumerate(stale.swaps)
-                if original not in originals
-            )
-        rebindings = _rebindings(_vllm_modules(module), swaps)
-        wrapped = _wrap_shutdown(module)
-        for each, name, _, replacement in (*rebindings, *wrapped):
-            setattr(each, name, replacement)
-        _installed = _Installed(module, swaps, tuple(rebindings), wrapped)
-        setattr(module, _RECORD, _installed)
+    stale = _record()
+    if stale is not None:
+        if _in_effect(stale):
+            return
+        _undo(stale)  # vLLM's module was reloaded or imported anew since
+    module = _find_target()
+    originals = (module.DescriptorBufferPool, module.DescriptorBuffers)
+    replacements = _adapters(module)
+    swaps: _Swaps = tuple(zip(originals, replacements, strict=True))
+    if stale is not None:  # modules that did not reload still bind the classes it replaced
+        swaps += tuple(
+            (original, replacements[i % 2])
+            for i, (original, _) in enumerate(stale.swaps)
+            if original not in originals
+        )
+    rebindings = _rebindings(_vllm_modules(module), swaps)
+    wrapped = _wrap_shutdown(module)
+    for each, name, _, replacement in (*rebindings, *wrapped):
+        setattr(each, name, replacement)
+    _installed = _Installed(module, swaps, tuple(rebindings), wrapped)
+    setattr(module, _RECORD, _installed)
 
 
 def uninstall() -> None:
@@ -173,9 +166,9 @@ def _find_target() -> ModuleType:
         if error.name != "vllm":
             raise _missing_dependency(error) from error
         raise ImportError(_VLLM_REQUIRED.format(torch=torch.__version__), name="vllm") from None
-    for load, path in zip((_load_canonical, _load_legacy), _PATHS, strict=True):
+    for path in _PATHS:
         try:
-            return load()
+            return importlib.import_module(path)
         except ModuleNotFoundError as error:
             missing = error.name or ""
             if path != missing and not path.startswith(missing + "."):
@@ -220,18 +213,6 @@ def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object]
         pool.pool.synchronize()
 
     return ((worker, "shutdown", original, shutdown),)
-
-
-def _load_canonical() -> ModuleType:
-    from vllm.backends.distributed.ec_transfer.ec_connector.cpu.worker import descriptor_buffers
-
-    return descriptor_buffers
-
-
-def _load_legacy() -> ModuleType:
-    from vllm.distributed.ec_transfer.ec_connector.cpu.worker import descriptor_buffers
-
-    return descriptor_buffers
 
 
 def _adapters(module: ModuleType) -> tuple[object, object]:
