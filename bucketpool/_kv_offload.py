@@ -25,7 +25,7 @@ from bucketpool._errors import ReleaseError
 from bucketpool._handle import BufferHandle
 from bucketpool._pool import ADAPTERS, BucketPool
 
-__all__ = ["install", "uninstall"]
+__all__ = ["install", "probe", "uninstall"]
 
 _NAME = "_new_descriptor_buffers"
 _HANDLE = "_bucketpool_handle"  # on each tensor handed out: the hand-out's holder
@@ -109,24 +109,36 @@ def _wrap_shutdown(original: Callable[..., object]) -> Callable[..., object]:
     return shutdown
 
 
-def _replacement(original: Callable[[int], _Triple], where: str) -> object:
-    """`_descriptors` over the pool of the dtype and pinning *original* makes."""
+def probe(make: Callable[[], Sequence[torch.Tensor]], where: str) -> tuple[torch.dtype, bool]:
+    """The one (dtype, pinned) of the three tensors *make* returns, asking vLLM at *where*.
+
+    Raises:
+        RuntimeError: *make* raised, or its tensors are not three of one int64 or uint64
+            dtype and one pinning; nothing was replaced.
+    """
     try:
-        probe = tuple(original(1))
-        kinds = {(each.dtype, each.is_pinned()) for each in probe}
-        (dtype, pinned), *others = kinds
-        if len(probe) != 3 or others or dtype not in (torch.int64, torch.uint64):
+        tensors = tuple(make())
+        (dtype, pinned), *others = {(each.dtype, each.is_pinned()) for each in tensors}
+        if len(tensors) != 3 or others or dtype not in (torch.int64, torch.uint64):
             raise TypeError(
-                f"want 3 int64/uint64 of one (dtype, pinned), got {len(probe)}: {kinds}"
+                f"its tensors have dtypes {tuple(each.dtype for each in tensors)}; bucketpool "
+                "serves three of one dtype, int64 or uint64, and one pinning, so this vLLM is "
+                "not supported"
             )
     except Exception as error:
         raise RuntimeError(
-            f"{where}.{_NAME}(1) makes no descriptors bucketpool can serve "
+            f"could not ask {where} for descriptors bucketpool can serve "
             f"({type(error).__name__}: {error}); nothing was replaced"
         ) from error
-    if (dtype, pinned) not in _pools:
-        _pools[dtype, pinned] = BucketPool(dtype=dtype, pin_memory=pinned)
-    return functools.partial(_descriptors, _pools[dtype, pinned])
+    return dtype, pinned
+
+
+def _replacement(original: Callable[[int], _Triple], where: str) -> object:
+    """`_descriptors` over the pool of the dtype and pinning *original* makes."""
+    key = probe(functools.partial(original, 1), f"{where}.{_NAME}(1)")
+    if key not in _pools:
+        _pools[key] = BucketPool(dtype=key[0], pin_memory=key[1])
+    return functools.partial(_descriptors, _pools[key])
 
 
 def install(modules: Iterable[ModuleType]) -> None:

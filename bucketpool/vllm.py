@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import operator
 import sys
 import threading
 import typing
@@ -221,7 +222,6 @@ def _adapters(module: ModuleType) -> tuple[object, object]:
     The factory is a partial (the compat classes are final) carrying vLLM's dtype; this
     install's own object, it lets `uninstall` spare modules that use bucketpool on purpose.
     """
-    where = f"{module.__name__}.DescriptorBuffers"
     fields: object = getattr(module.DescriptorBuffers, "_fields", None)
     if fields == _TENSOR_FIELDS:
         pool_class: type[compat.DescriptorBufferPool | compat.AliasedDescriptorBufferPool]
@@ -231,29 +231,15 @@ def _adapters(module: ModuleType) -> tuple[object, object]:
         pool_class, buffers = compat.AliasedDescriptorBufferPool, compat.AliasedDescriptorBuffers
     else:
         raise RuntimeError(
-            f"{where} has fields {fields!r}; bucketpool.vllm knows {_TENSOR_FIELDS!r} and "
-            f"{_ALIASED_FIELDS!r}, so this vLLM is not supported yet. Nothing was replaced"
+            f"{module.__name__}.DescriptorBuffers has fields {fields!r}; bucketpool.vllm knows "
+            f"{_TENSOR_FIELDS!r} and {_ALIASED_FIELDS!r}, so this vLLM is not supported yet. "
+            "Nothing was replaced"
         )
-    return functools.partial(pool_class, dtype=_pointer_dtype(module, where)), buffers
-
-
-def _pointer_dtype(module: ModuleType, where: str) -> torch.dtype:
-    """Return the dtype of the tensors vLLM's own pool hands out, asking it for one entry."""
-    try:
-        probe = module.DescriptorBufferPool().acquire(1)
-        dtypes = (probe.src_ptrs.dtype, probe.dst_ptrs.dtype, probe.sizes.dtype)
-    except Exception as error:
-        raise RuntimeError(
-            f"could not ask {module.__name__}.DescriptorBufferPool for the dtype of "
-            f"its buffers ({type(error).__name__}: {error}); nothing was replaced"
-        ) from error
-    if len(set(dtypes)) != 1 or dtypes[0] not in (torch.int64, torch.uint64):
-        raise RuntimeError(
-            f"{where} tensors have dtypes {dtypes} (src_ptrs, dst_ptrs, sizes); bucketpool's "
-            "adapters use one dtype, int64 or uint64, for all three, so this vLLM is not "
-            "supported. Nothing was replaced"
-        )
-    return typing.cast("torch.dtype", dtypes[0])
+    dtype, _ = _kv_offload.probe(
+        lambda: operator.attrgetter(*_TENSOR_FIELDS)(module.DescriptorBufferPool().acquire(1)),
+        f"{module.__name__}.DescriptorBufferPool().acquire(1)",
+    )
+    return functools.partial(pool_class, dtype=dtype), buffers
 
 
 def _vllm_modules(*first: ModuleType) -> list[ModuleType]:
