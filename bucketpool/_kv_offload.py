@@ -1,13 +1,7 @@
 """Serve vLLM's KV-offload handlers' descriptors from bucketpool: ``install(kv_offload=True)``.
 
-vLLM's ``SingleDirectionOffloadingHandler`` (and vllm-ascend's copy) pops a triple from its
-list ``_buffer_pool`` per transfer, else makes one with ``_new_descriptor_buffers(n)``, and
-appends it back once the copy's end event is done.  `install` rebinds that function to
-`_descriptors`, over one `BucketPool` per dtype and pinning it makes, and wraps the handler
-classes: ``__init__`` puts in a `_Returns`, whose ``append`` releases (so vLLM always asks for
-``n``), and ``shutdown`` gives back what vLLM synchronised and dropped.  Each tensor of a
-triple holds the `BufferHandle`: dropped unreleased, the last one warns and the buffer comes
-back, by reference counting.  `install`/`uninstall` run under `bucketpool.vllm`'s lock.
+What is rebound and wrapped, and why: docs/compat.md, "vLLM's KV-offload handlers".  Its
+`install` and `uninstall` run under `bucketpool.vllm`'s lock; that module finds the modules.
 """
 
 from __future__ import annotations
