@@ -33,11 +33,6 @@ _VLLM_REQUIRED = (
     "would replace torch {torch} with the one vLLM pins; to keep it: pip install vllm -c c.txt "
     "with torch=={torch} in c.txt, or pip install --no-deps vllm==VERSION and its requirements"
 )
-_DEPENDENCY_MISSING = (
-    "bucketpool.vllm.install(): vLLM imports {name!r}, which is not installed ({error}); "
-    "install it or vLLM's requirements (keep torch {torch}: pip install -c c.txt, c.txt "
-    "holding torch=={torch})"
-)
 _ADAPTERS = (compat.DescriptorBufferPool, compat.AliasedDescriptorBufferPool)
 _HOSTS = ("vllm", "vllm_ascend")  # the packages whose modules may bind vLLM's classes
 _RECORD = "__bucketpool_installed__"  # on vLLM's module: the `_Installed` of the install there
@@ -184,8 +179,12 @@ def _find_target() -> ModuleType:
 
 
 def _missing_dependency(error: ModuleNotFoundError) -> ModuleNotFoundError:
-    message = _DEPENDENCY_MISSING.format(error=error, name=error.name, torch=torch.__version__)
-    return ModuleNotFoundError(message, name=error.name)
+    return ModuleNotFoundError(
+        f"bucketpool.vllm.install(): vLLM imports {error.name!r}, which is not installed "
+        f"({error}); install it or vLLM's requirements (keep torch {torch.__version__}: pip "
+        f"install -c c.txt, c.txt holding torch=={torch.__version__})",
+        name=error.name,
+    )
 
 
 def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object], ...]:
