@@ -127,14 +127,6 @@ def probe(make: Callable[[], Sequence[torch.Tensor]], where: str) -> tuple[torch
     return dtype, pinned
 
 
-def _replacement(original: Callable[[int], _Triple], where: str) -> object:
-    """`_descriptors` over the pool of the dtype and pinning *original* makes."""
-    key = probe(functools.partial(original, 1), f"{where}.{_NAME}(1)")
-    if key not in _pools:
-        _pools[key] = BucketPool(dtype=key[0], pin_memory=key[1])
-    return functools.partial(_descriptors, _pools[key])
-
-
 def install(modules: Iterable[ModuleType]) -> None:
     """Rebind and wrap in every one of *modules* that has them and is not served yet.
 
@@ -147,7 +139,11 @@ def install(modules: Iterable[ModuleType]) -> None:
     for module in modules:
         found = vars(module).get(_NAME)
         if callable(found) and id(found) not in ours:
-            made[id(found)] = made.get(id(found)) or _replacement(found, module.__name__)
+            if id(found) not in made:  # `_descriptors` over the pool of what it makes
+                key = probe(functools.partial(found, 1), f"{module.__name__}.{_NAME}(1)")
+                if key not in _pools:
+                    _pools[key] = BucketPool(dtype=key[0], pin_memory=key[1])
+                made[id(found)] = functools.partial(_descriptors, _pools[key])
             swaps.append((module, _NAME, found, made[id(found)]))
         for each in list(vars(module).values()):
             mine = isinstance(each, type) and each.__module__ == module.__name__
