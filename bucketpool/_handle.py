@@ -200,10 +200,7 @@ class BufferHandle:
 
     def record_event(self, event: CompletionEvent) -> None:
         """Keep the buffer out of reuse until *event* is done; see `DescriptorBuffers`."""
-        buffer, token = self._buffer, self._token
-        if token <= 0 or buffer.token != token:
-            self._refuse("record_event")
-        record(buffer, token, event)
+        record(self._live("record_event"), self._token, event)
 
     def add_copies(
         self,

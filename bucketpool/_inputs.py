@@ -122,14 +122,11 @@ def _to_array(values: object, name: str) -> IntArray:
             arr = np.asarray(items)
         except (TypeError, ValueError, OverflowError):
             raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}") from None
-        if (arr.dtype.kind in "fO" and arr.ndim == 1) or (  # ints past 2**63 mixed in, or bools
-            arr.dtype.kind in "iu" and not _SUSPECT.isdisjoint(map(type, items))
-        ):
+        # Ints past 2**63 mixed in, bools, strings, nested sequences: each item checked.
+        if arr.dtype.kind not in "iu" or not _SUSPECT.isdisjoint(map(type, items)):
             arr = _python_ints(values, items, name)
     else:
         raise TypeError(f"{name} must be {_ACCEPTED}, got {_describe(values)}")
-    if arr.dtype.kind not in "iu" and from_python:  # strings, bools, nested sequences
-        arr = _python_ints(values, items, name)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got {_describe(values)}; {_CONVERT}")
     if arr.ndim != 1:

@@ -1,23 +1,16 @@
 """Serve vLLM's KV-offload handlers' descriptors from bucketpool: ``install(kv_offload=True)``.
 
-vLLM's ``SingleDirectionOffloadingHandler`` (and vllm-ascend's copy) pops a triple from its
-list ``_buffer_pool`` per transfer, else makes one with ``_new_descriptor_buffers(n)``, and
-appends it back once the copy's end event is done.  `install` rebinds that function to
-`_descriptors`, over one `BucketPool` per dtype and pinning it makes, and wraps the handler
-classes: ``__init__`` puts in a `_Returns`, whose ``append`` releases (so vLLM always asks for
-``n``), and ``shutdown`` gives back what vLLM synchronised and dropped.  Each tensor of a
-triple holds the `BufferHandle`: dropped unreleased, the last one warns and the buffer comes
-back, by reference counting.  `install`/`uninstall` run under `bucketpool.vllm`'s lock.
+What is rebound and wrapped, and why: docs/compat.md, "vLLM's KV-offload handlers".  Its
+`install` and `uninstall` run under `bucketpool.vllm`'s lock; that module finds the modules.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
-import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -26,7 +19,7 @@ from bucketpool._errors import ReleaseError
 from bucketpool._handle import BufferHandle
 from bucketpool._pool import ADAPTERS, BucketPool
 
-__all__ = ["install", "uninstall"]
+__all__ = ["install", "probe", "uninstall"]
 
 _NAME = "_new_descriptor_buffers"
 _HANDLE = "_bucketpool_handle"  # on each tensor handed out: the hand-out's holder
@@ -110,46 +103,51 @@ def _wrap_shutdown(original: Callable[..., object]) -> Callable[..., object]:
     return shutdown
 
 
-def _replacement(original: Callable[[int], _Triple], where: str) -> object:
-    """`_descriptors` over the pool of the dtype and pinning *original* makes."""
+def probe(make: Callable[[], Sequence[torch.Tensor]], where: str) -> tuple[torch.dtype, bool]:
+    """The one (dtype, pinned) of the three tensors *make* returns, asking vLLM at *where*.
+
+    Raises:
+        RuntimeError: *make* raised, or its tensors are not three of one int64 or uint64
+            dtype and one pinning; nothing was replaced.
+    """
     try:
-        probe = tuple(original(1))
-        kinds = {(each.dtype, each.is_pinned()) for each in probe}
-        (dtype, pinned), *others = kinds
-        if len(probe) != 3 or others or dtype not in (torch.int64, torch.uint64):
+        tensors = tuple(make())
+        (dtype, pinned), *others = {(each.dtype, each.is_pinned()) for each in tensors}
+        if len(tensors) != 3 or others or dtype not in (torch.int64, torch.uint64):
             raise TypeError(
-                f"want 3 int64/uint64 of one (dtype, pinned), got {len(probe)}: {kinds}"
+                f"its tensors have dtypes {tuple(each.dtype for each in tensors)}; bucketpool "
+                "serves three of one dtype, int64 or uint64, and one pinning, so this vLLM is "
+                "not supported"
             )
     except Exception as error:
         raise RuntimeError(
-            f"{where}.{_NAME}(1) makes no descriptors bucketpool can serve "
+            f"could not ask {where} for descriptors bucketpool can serve "
             f"({type(error).__name__}: {error}); nothing was replaced"
         ) from error
-    if (dtype, pinned) not in _pools:
-        _pools[dtype, pinned] = BucketPool(dtype=dtype, pin_memory=pinned)
-    return functools.partial(_descriptors, _pools[dtype, pinned])
+    return dtype, pinned
 
 
-def install() -> None:
-    """Rebind and wrap in every imported module that has them (again: those imported since).
+def install(modules: Iterable[ModuleType]) -> None:
+    """Rebind and wrap in every one of *modules* that has them and is not served yet.
 
     Raises:
-        ImportError: vLLM has no ``vllm.v1.kv_offload.cpu.gpu_worker``.
         RuntimeError: a ``_new_descriptor_buffers`` makes buffers bucketpool cannot serve.
     """
-    importlib.import_module("vllm.v1.kv_offload.cpu.gpu_worker")
     ours = {id(new) for *_, new in _swaps}
     made: dict[int, object] = {}
     swaps: list[tuple[object, str, object, object]] = []
-    for name, module in list(sys.modules.items()):
-        if name.split(".")[0] not in ("vllm", "vllm_ascend"):
-            continue
-        found = getattr(module, "__dict__", {}).get(_NAME)
+    for module in modules:
+        found = vars(module).get(_NAME)
         if callable(found) and id(found) not in ours:
-            made[id(found)] = made.get(id(found)) or _replacement(found, name)
+            if id(found) not in made:  # `_descriptors` over the pool of what it makes
+                key = probe(functools.partial(found, 1), f"{module.__name__}.{_NAME}(1)")
+                if key not in _pools:
+                    _pools[key] = BucketPool(dtype=key[0], pin_memory=key[1])
+                made[id(found)] = functools.partial(_descriptors, _pools[key])
             swaps.append((module, _NAME, found, made[id(found)]))
-        for each in list(getattr(module, "__dict__", {}).values()):
-            methods = vars(each) if isinstance(each, type) and each.__module__ == name else {}
+        for each in list(vars(module).values()):
+            mine = isinstance(each, type) and each.__module__ == module.__name__
+            methods = vars(each) if mine else {}
             if all(m in methods for m in _HANDLER) and id(methods["__init__"]) not in ours:
                 init, shutdown = methods["__init__"], methods["shutdown"]
                 swaps += [(each, "__init__", init, _wrap_init(init))]

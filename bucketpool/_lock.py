@@ -38,13 +38,8 @@ def _block_again() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
 
 
-# The lock is held across the fork by C functions, with no bytecode where a signal handler's
-# exception could land: the RLock's own count records what was taken, and the after
-# handlers release exactly that (a thread forking from inside a move enters it twice, and
-# leaves it once).  The wait for the lock is C too, with every signal blocked in the forking
-# thread: no handler can interrupt it (that would fork without the lock), and what arrives
-# meanwhile is handled as the fork ends.  The handlers run in this order: before, in the
-# reverse order of registration; after, in order.
+# Held across the fork by the lock's own C methods, waited for with every signal blocked
+# (docs/design.md, "Fork").  Before-handlers run in the reverse order of registration.
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(
         before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release

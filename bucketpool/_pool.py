@@ -285,14 +285,13 @@ class BucketPool:
             InFlightWriteError: (debug levels), as for `collect`.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
-        if timeout is None:
-            self._settle_parked(_parking.wait, "synchronize")
-            return
-        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-            raise TypeError(f"synchronize: timeout must be seconds or None, got {timeout!r}")
-        if not timeout >= 0:  # (NaN too)
-            raise ValueError(f"synchronize: timeout must be >= 0 seconds, got {timeout!r}")
-        deadline = time.monotonic() + timeout
+        deadline = None
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+                raise TypeError(f"synchronize: timeout must be seconds or None, got {timeout!r}")
+            if not timeout >= 0:  # (NaN too)
+                raise ValueError(f"synchronize: timeout must be >= 0 seconds, got {timeout!r}")
+            deadline = time.monotonic() + timeout
         late: list[Sequence[CompletionEvent]] = []  # the events still pending at the deadline
 
         def finished(events: Sequence[CompletionEvent]) -> bool:

@@ -79,24 +79,14 @@ class _Holding:
         if (entry := _HELD.pop(id(self), None)) is not None:  # its handle reports the leak
             note_release(entry[1], None)  # never released as a tuple: not in `_pool`
 
-    def add_copies(
-        self,
-        first: SupportsIndex,
-        sources: IntegerInput,
-        destinations: IntegerInput,
-        byte_counts: IntegerInput | SupportsIndex,
-        *,
-        step: SupportsIndex = 1,
-    ) -> int:
+    def add_copies(self, *args: typing.Any, **kwargs: typing.Any) -> int:
         """Write copies into the tuple's entries; see `DescriptorBuffers.add_copies`.
 
         Raises:
             ReleaseError: the tuple was released (its buffer may be another's now).
             CapacityError, ValueError, TypeError: as for `DescriptorBuffers.add_copies`.
         """
-        return self._handle("add_copies").add_copies(
-            first, sources, destinations, byte_counts, step=step
-        )
+        return self._handle("add_copies").add_copies(*args, **kwargs)
 
     def _handle(self, op: str) -> BufferHandle:
         entry = _HELD.get(id(self))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import operator
 import sys
 import threading
 import typing
@@ -30,11 +32,6 @@ _VLLM_REQUIRED = (
     "bucketpool.vllm.install() needs vLLM, which is not installed here. 'pip install vllm' "
     "would replace torch {torch} with the one vLLM pins; to keep it: pip install vllm -c c.txt "
     "with torch=={torch} in c.txt, or pip install --no-deps vllm==VERSION and its requirements"
-)
-_DEPENDENCY_MISSING = (
-    "bucketpool.vllm.install(): vLLM imports {name!r}, which is not installed ({error}); "
-    "install it or vLLM's requirements (keep torch {torch}: pip install -c c.txt, c.txt "
-    "holding torch=={torch})"
 )
 _ADAPTERS = (compat.DescriptorBufferPool, compat.AliasedDescriptorBufferPool)
 _HOSTS = ("vllm", "vllm_ascend")  # the packages whose modules may bind vLLM's classes
@@ -60,60 +57,52 @@ _installed: _Installed | None = globals().get("_installed")
 def install(*, kv_offload: bool = False) -> None:
     """Make vLLM's EC CPU worker, and its KV-offload handlers if asked, use bucketpool.
 
-    See docs/compat.md.  Call it in every process before vLLM builds its workers; again
-    while installed: nothing more (with *kv_offload*: serves modules imported since).
+    Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's (and
+    vllm-ascend's) modules bind them, and wraps ``ECCPUWorker.shutdown`` to release the
+    triples it drops (docs/compat.md).  Only pools created afterwards are bucketpool's: call
+    it in every process before vLLM builds its workers.  Again while installed: nothing more
+    (with *kv_offload*: serves modules imported since).  Serialised by a lock.
 
     Args:
         kv_offload: also serve vLLM's (and vllm-ascend's) KV-offload handlers.
 
     Raises:
-        ImportError: no vLLM, no EC CPU worker or (*kv_offload*) no KV-offload worker.
+        ImportError: no vLLM, no EC CPU ``descriptor_buffers`` module or (*kv_offload*) no
+            KV-offload worker; `ModuleNotFoundError` naming a module vLLM imports that is
+            not installed.
         RuntimeError: vLLM's descriptors are of fields or dtypes bucketpool cannot serve;
             nothing of that part was replaced (the EC part installs first).
     """
-    _install_ec()
-    if kv_offload:
-        with _lock:
-            _kv_offload.install()
+    with _lock:
+        _install_ec()
+        if kv_offload:
+            importlib.import_module("vllm.v1.kv_offload.cpu.gpu_worker")
+            _kv_offload.install(_vllm_modules())
 
 
 def _install_ec() -> None:
-    """Make vLLM's EC CPU worker use bucketpool's pool instead of its own (docs/compat.md).
-
-    Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's (and
-    vllm-ascend's) modules bind them, and wraps ``ECCPUWorker.shutdown`` to release the
-    triples it drops.  Only pools created afterwards are bucketpool's: call it before vLLM
-    builds its workers, in every process.  Again while installed: nothing.  Serialised by a lock.
-
-    Raises:
-        ImportError: vLLM is not installed, or has no EC CPU ``descriptor_buffers`` module;
-            `ModuleNotFoundError` naming a module vLLM imports that is not installed.
-        RuntimeError: vLLM's ``DescriptorBuffers`` has neither known set of fields, or its
-            pool's tensors are not of one int64 or uint64 dtype; nothing was replaced.
-    """
     global _installed
-    with _lock:
-        stale = _record()
-        if stale is not None:
-            if _in_effect(stale):
-                return
-            _undo(stale)  # vLLM's module was reloaded or imported anew since
-        module = _find_target()
-        originals = (module.DescriptorBufferPool, module.DescriptorBuffers)
-        replacements = _adapters(module)
-        swaps: _Swaps = tuple(zip(originals, replacements, strict=True))
-        if stale is not None:  # modules that did not reload still bind the classes it replaced
-            swaps += tuple(
-                (original, replacements[i % 2])
-                for i, (original, _) in enumerate(stale.swaps)
-                if original not in originals
-            )
-        rebindings = _rebindings(_vllm_modules(module), swaps)
-        wrapped = _wrap_shutdown(module)
-        for each, name, _, replacement in (*rebindings, *wrapped):
-            setattr(each, name, replacement)
-        _installed = _Installed(module, swaps, tuple(rebindings), wrapped)
-        setattr(module, _RECORD, _installed)
+    stale = _record()
+    if stale is not None:
+        if _in_effect(stale):
+            return
+        _undo(stale)  # vLLM's module was reloaded or imported anew since
+    module = _find_target()
+    originals = (module.DescriptorBufferPool, module.DescriptorBuffers)
+    replacements = _adapters(module)
+    swaps: _Swaps = tuple(zip(originals, replacements, strict=True))
+    if stale is not None:  # modules that did not reload still bind the classes it replaced
+        swaps += tuple(
+            (original, replacements[i % 2])
+            for i, (original, _) in enumerate(stale.swaps)
+            if original not in originals
+        )
+    rebindings = _rebindings(_vllm_modules(module), swaps)
+    wrapped = _wrap_shutdown(module)
+    for each, name, _, replacement in (*rebindings, *wrapped):
+        setattr(each, name, replacement)
+    _installed = _Installed(module, swaps, tuple(rebindings), wrapped)
+    setattr(module, _RECORD, _installed)
 
 
 def uninstall() -> None:
@@ -173,9 +162,9 @@ def _find_target() -> ModuleType:
         if error.name != "vllm":
             raise _missing_dependency(error) from error
         raise ImportError(_VLLM_REQUIRED.format(torch=torch.__version__), name="vllm") from None
-    for load, path in zip((_load_canonical, _load_legacy), _PATHS, strict=True):
+    for path in _PATHS:
         try:
-            return load()
+            return importlib.import_module(path)
         except ModuleNotFoundError as error:
             missing = error.name or ""
             if path != missing and not path.startswith(missing + "."):
@@ -190,8 +179,12 @@ def _find_target() -> ModuleType:
 
 
 def _missing_dependency(error: ModuleNotFoundError) -> ModuleNotFoundError:
-    message = _DEPENDENCY_MISSING.format(error=error, name=error.name, torch=torch.__version__)
-    return ModuleNotFoundError(message, name=error.name)
+    return ModuleNotFoundError(
+        f"bucketpool.vllm.install(): vLLM imports {error.name!r}, which is not installed "
+        f"({error}); install it or vLLM's requirements (keep torch {torch.__version__}: pip "
+        f"install -c c.txt, c.txt holding torch=={torch.__version__})",
+        name=error.name,
+    )
 
 
 def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object], ...]:
@@ -222,25 +215,12 @@ def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object]
     return ((worker, "shutdown", original, shutdown),)
 
 
-def _load_canonical() -> ModuleType:
-    from vllm.backends.distributed.ec_transfer.ec_connector.cpu.worker import descriptor_buffers
-
-    return descriptor_buffers
-
-
-def _load_legacy() -> ModuleType:
-    from vllm.distributed.ec_transfer.ec_connector.cpu.worker import descriptor_buffers
-
-    return descriptor_buffers
-
-
 def _adapters(module: ModuleType) -> tuple[object, object]:
     """Return the pool factory and tuple class that stand in for *module*'s classes.
 
     The factory is a partial (the compat classes are final) carrying vLLM's dtype; this
     install's own object, it lets `uninstall` spare modules that use bucketpool on purpose.
     """
-    where = f"{module.__name__}.DescriptorBuffers"
     fields: object = getattr(module.DescriptorBuffers, "_fields", None)
     if fields == _TENSOR_FIELDS:
         pool_class: type[compat.DescriptorBufferPool | compat.AliasedDescriptorBufferPool]
@@ -250,29 +230,15 @@ def _adapters(module: ModuleType) -> tuple[object, object]:
         pool_class, buffers = compat.AliasedDescriptorBufferPool, compat.AliasedDescriptorBuffers
     else:
         raise RuntimeError(
-            f"{where} has fields {fields!r}; bucketpool.vllm knows {_TENSOR_FIELDS!r} and "
-            f"{_ALIASED_FIELDS!r}, so this vLLM is not supported yet. Nothing was replaced"
+            f"{module.__name__}.DescriptorBuffers has fields {fields!r}; bucketpool.vllm knows "
+            f"{_TENSOR_FIELDS!r} and {_ALIASED_FIELDS!r}, so this vLLM is not supported yet. "
+            "Nothing was replaced"
         )
-    return functools.partial(pool_class, dtype=_pointer_dtype(module, where)), buffers
-
-
-def _pointer_dtype(module: ModuleType, where: str) -> torch.dtype:
-    """Return the dtype of the tensors vLLM's own pool hands out, asking it for one entry."""
-    try:
-        probe = module.DescriptorBufferPool().acquire(1)
-        dtypes = (probe.src_ptrs.dtype, probe.dst_ptrs.dtype, probe.sizes.dtype)
-    except Exception as error:
-        raise RuntimeError(
-            f"could not ask {module.__name__}.DescriptorBufferPool for the dtype of "
-            f"its buffers ({type(error).__name__}: {error}); nothing was replaced"
-        ) from error
-    if len(set(dtypes)) != 1 or dtypes[0] not in (torch.int64, torch.uint64):
-        raise RuntimeError(
-            f"{where} tensors have dtypes {dtypes} (src_ptrs, dst_ptrs, sizes); bucketpool's "
-            "adapters use one dtype, int64 or uint64, for all three, so this vLLM is not "
-            "supported. Nothing was replaced"
-        )
-    return typing.cast("torch.dtype", dtypes[0])
+    dtype, _ = _kv_offload.probe(
+        lambda: operator.attrgetter(*_TENSOR_FIELDS)(module.DescriptorBufferPool().acquire(1)),
+        f"{module.__name__}.DescriptorBufferPool().acquire(1)",
+    )
+    return functools.partial(pool_class, dtype=dtype), buffers
 
 
 def _vllm_modules(*first: ModuleType) -> list[ModuleType]:
