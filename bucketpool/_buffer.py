@@ -75,13 +75,13 @@ class Buffer:
         self.recorded = 0  # events ever recorded on it: a release tells a new one by this
         self.code: object = None  # the acquire's code object and instruction (leak warnings)
         self.lasti = 0  # (~lasti: handed out through a compat adapter)
-        self.last_tuple: Any = None  # a compat adapter's: (order, the tuple it was released as)
+        self.last_tuple: Any = None  # compat: (token, (order, the tuple released as) or None)
         self.site: object = None  # where the hand-out was acquired and released (tracing)
         self.released_at: object = None
         self.checksum: int | None = None  # debug levels: of the first n entries
         self.poisoned = 0  # debug levels: entries holding the poison
         self.handed: list[Any] = []  # strict: (weak references to) the hand-out's arrays
-        self.ended: list[Any] = []  # strict: those of ended hand-outs, made read-only next
+        self.ended: list[Any] = []  # strict: the lists of ended hand-outs, made read-only next
 
     @property
     def arrays(self) -> DescriptorArrays:

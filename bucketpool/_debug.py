@@ -115,9 +115,10 @@ def verify(buffer: Buffer, token: int, caching: bool) -> tuple[str | None, Any]:
 def end_arrays(buffer: Buffer) -> None:
     """(after the move that ended strict hand-outs) Make their arrays read-only."""
     ended = buffer.ended
-    for ref in ended:  # (a move may add more meanwhile: they are marked too)
-        if (array := ref()) is not None:
-            array.flags.writeable = False
+    for handed in ended:  # the lists themselves: arrays derived meanwhile are marked too
+        for ref in handed:
+            if (array := ref()) is not None:
+                array.flags.writeable = False
     if buffer.ended is ended:  # marked first: an interrupted pass is done again next time
         buffer.ended = []
 

@@ -274,7 +274,7 @@ class Ledger:
                 problem, poison = checked
                 if token > 0 and buffer.own_views:  # the hand-out's own views end
                     buffer.views, buffer.version = {}, -1  # (the next one puts it back first)
-                    buffer.ended += buffer.handed  # (strict) made read-only as the move ends
+                    buffer.ended += (buffer.handed,)  # (strict) its arrays, read-only as it ends
                     buffer.handed = []
                 if poison is not None:  # a stale batched copy moves nothing
                     poison[: buffer.n] = 0
@@ -419,6 +419,12 @@ class Ledger:
             totals = (self.allocated_bytes_peak, self.allocations_total, self.allocated_bytes_total)
             more = (self.parked_bytes, self.requested, self.leaks, self.tick, self.view_bytes)
             return (*counts, self.parked[:], (*active, *allocated, *totals, *more))
+
+    def note(self, buffer: Buffer, token: int, entry: tuple[int, object]) -> None:
+        """(compat `_pool`) *entry* for hand-out *token*, unless a later one was noted."""
+        with LOCK:
+            if buffer.last_tuple is None or buffer.last_tuple[0] <= token:
+                buffer.last_tuple = (token, entry)
 
     def cached_in(self, bucket: Bucket) -> list[Buffer]:
         with LOCK:

@@ -23,35 +23,35 @@ owned: Callable[[], bool] = LOCK._is_owned  # type: ignore[attr-defined]
 #: made the move takes them back as it ends (`BucketPool` drains them).
 LATE: list[Callable[[], object]] = []
 
-_blocked: dict[int, set[int | signal.Signals]] = {}  # each forking thread's own blocked signals
+_noted: dict[int, set[int | signal.Signals]] = {}  # each forking thread's own blocked signals
+_MASK: set[int | signal.Signals] = set()  # (under the lock) the forking thread's, restored in C
 
 
 def _note_mask() -> None:
-    # Interrupted here, nothing is taken: the fork goes on blocking every signal anyway.
-    _blocked[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    # Interrupted here, nothing is noted: the mask is then restored as empty.
+    _noted[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, ())
 
 
-def _block_again() -> None:
-    # Interrupted here, the lock is back and the thread's signals unblocked, as a thread's
-    # usually are; only ones it had blocked itself would stay unblocked.
-    if blocked := _blocked.pop(threading.get_ident(), None):
-        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+def _publish_mask() -> None:
+    # Under the lock, for the restore (a C call: no handler can stop it, docs/design.md).
+    _MASK.clear()
+    _MASK.update(_noted.pop(threading.get_ident(), ()))
 
 
-# Held across the fork by the lock's own C methods, waited for with every signal blocked
-# (docs/design.md, "Fork").  Before-handlers run in the reverse order of registration.
+# Held across the fork by the lock's own C methods, waited for with every signal blocked;
+# the thread's own mask is put back by one C call once the lock is released, so no handler
+# runs under the lock (docs/design.md, "Fork").  Before-handlers run in the reverse order
+# of registration, after-handlers in order.
 if hasattr(os, "register_at_fork"):
+    masks = hasattr(signal, "pthread_sigmask")
+    if masks:
+        os.register_at_fork(before=_publish_mask)
     os.register_at_fork(
         before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release
     )
-    if hasattr(signal, "pthread_sigmask"):
-        _every = signal.valid_signals()
-        _unblock = functools.partial(signal.pthread_sigmask, signal.SIG_UNBLOCK, _every)
-        os.register_at_fork(
-            before=functools.partial(signal.pthread_sigmask, signal.SIG_BLOCK, _every),
-            after_in_parent=_unblock,
-            after_in_child=_unblock,
-        )
-        os.register_at_fork(
-            before=_note_mask, after_in_parent=_block_again, after_in_child=_block_again
-        )
+    if masks:
+        _restore = functools.partial(signal.pthread_sigmask, signal.SIG_SETMASK, _MASK)
+        os.register_at_fork(after_in_parent=_restore, after_in_child=_restore)
+        _block = functools.partial(signal.pthread_sigmask, signal.SIG_BLOCK, signal.valid_signals())
+        os.register_at_fork(before=_block)
+        os.register_at_fork(before=_note_mask)

@@ -24,7 +24,7 @@ from bucketpool._settings import DEBUG_LEVELS, DebugLevel, Settings, check_count
 from bucketpool._stats import OutstandingBuffer, PoolStats, build_stats, outstanding_of
 from bucketpool._views import CompletionEvent
 
-__all__ = ["ADAPTERS", "BucketPool", "note_release", "released_tuples"]
+__all__ = ["ADAPTERS", "BucketPool", "hand_out", "note_release", "released_tuples"]
 
 #: The code of the compat adapters' acquire calls: a leak warning names their caller's site.
 ADAPTERS: set[CodeType] = set()
@@ -291,7 +291,7 @@ class BucketPool:
                 raise TypeError(f"synchronize: timeout must be seconds or None, got {timeout!r}")
             if not timeout >= 0:  # (NaN too)
                 raise ValueError(f"synchronize: timeout must be >= 0 seconds, got {timeout!r}")
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + min(timeout, 1e18)  # (an int past float range)
         late: list[Sequence[CompletionEvent]] = []  # the events still pending at the deadline
 
         def finished(events: Sequence[CompletionEvent]) -> bool:
@@ -418,9 +418,17 @@ class BucketPool:
         self._drain()
 
 
-def note_release(handle: BufferHandle, bufs: object) -> None:
-    """(a compat adapter) Note the tuple *handle*'s buffer was released as (None: dropped)."""
-    handle._buffer.last_tuple = None if bufs is None else (next(_RELEASES), bufs)
+def hand_out(handle: BufferHandle) -> int:
+    """(a compat adapter) The token of *handle*'s hand-out, 0 once released."""
+    return handle._token
+
+
+def note_release(handle: BufferHandle, token: int, bufs: object) -> None:
+    """(a compat adapter) Note hand-out *token* was released as *bufs* (None: dropped)."""
+    if bufs is None:  # (a finaliser: never waits for the lock) the handle still holds it
+        handle._buffer.last_tuple = (token, None)
+    else:  # a late note of an older hand-out changes nothing
+        handle._pool._ledger.note(handle._buffer, token, (next(_RELEASES), bufs))
 
 
 def released_tuples(pool: BucketPool) -> list[object]:
@@ -428,7 +436,11 @@ def released_tuples(pool: BucketPool) -> list[object]:
     pool._outside("_pool")  # refused inside a move (the lock is taken below); drains
     ledger = pool._ledger
     found = [buffer.last_tuple for bucket in ledger.buckets for buffer in ledger.cached_in(bucket)]
-    return [entry[1] for entry in sorted(filter(None, found), key=lambda entry: entry[0])]
+    return [entry[1] for _, entry in sorted(filter(None, found), key=_order) if entry]
+
+
+def _order(last: tuple[int, tuple[int, object] | None]) -> int:
+    return -1 if last[1] is None else last[1][0]
 
 
 _NO_COPY = (

@@ -11,7 +11,7 @@ from bucketpool._errors import ReleaseError, reentered
 from bucketpool._handle import BufferHandle
 from bucketpool._inputs import read_copies
 from bucketpool._lock import owned
-from bucketpool._pool import ADAPTERS, BucketPool, note_release, released_tuples
+from bucketpool._pool import ADAPTERS, BucketPool, hand_out, note_release, released_tuples
 from bucketpool._settings import check_count
 from bucketpool._views import CompletionEvent, DescriptorBuffers, IntArray, IntegerInput, write
 
@@ -77,7 +77,7 @@ class _Holding:
 
     def __del__(self) -> None:
         if (entry := _HELD.pop(id(self), None)) is not None:  # its handle reports the leak
-            note_release(entry[1], None)  # never released as a tuple: not in `_pool`
+            note_release(entry[1], hand_out(entry[1]), None)  # not released: not in `_pool`
 
     def add_copies(self, *args: typing.Any, **kwargs: typing.Any) -> int:
         """Write copies into the tuple's entries; see `DescriptorBuffers.add_copies`.
@@ -181,6 +181,7 @@ class _Adapter(typing.Generic[_Buffers]):
             )
         if event is not None and owned():  # an event cannot be recorded inside a move
             raise reentered("release(bufs, event=...)")
+        token = hand_out(handle)
         try:  # the handle's moves decide: of two releases of one tuple exactly one works
             if event is not None:
                 handle.record_event(event)
@@ -190,7 +191,7 @@ class _Adapter(typing.Generic[_Buffers]):
         finally:
             if handle.released:  # (bufs lives here, so its id names no other tuple)
                 _HELD.pop(id(bufs), None)
-                note_release(handle, bufs)  # only now: a held tuple's finaliser reports a leak
+                note_release(handle, token, bufs)  # only now: a held one's finaliser warns
 
     @property
     def _pool(self) -> list[_Buffers]:

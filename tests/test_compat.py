@@ -19,7 +19,7 @@ import torch
 from _events import DeviceError, FlagEvent, ScriptedEvent
 
 import bucketpool
-from bucketpool import DebugLevel, ReleaseError
+from bucketpool import BufferHandle, DebugLevel, ReleaseError
 from bucketpool.compat import (
     AliasedDescriptorBufferPool,
     AliasedDescriptorBuffers,
@@ -618,3 +618,28 @@ def test_pool_is_refused_inside_a_move() -> None:
     with bucketpool._lock.LOCK, pytest.raises(bucketpool.PoolError, match="_pool"):
         pool._pool  # noqa: B018  # a finaliser's inside a move: waiting for the lock would hang
     assert len(pool._pool) == 1
+
+
+def test_compat_pool_lists_the_tuple_released_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/compat.md, `_pool`: "of the tuples last released for the buffers cached now".
+    # `release` notes the tuple (`note_release`) only after the move cached the buffer:
+    # another thread can acquire that buffer and release it as a new tuple in between, and
+    # the late note then overwrites the newer one with the stale tuple.  Forced: the other
+    # thread's acquire and release run as soon as the first release's move is over.
+    adapter = DescriptorBufferPool()
+    release = BufferHandle.release
+    others: list[object] = []
+
+    def then_another_thread(handle: BufferHandle) -> None:
+        release(handle)
+        if not others:
+            others.append(again := adapter.acquire(8))  # the buffer just cached
+            adapter.release(again)
+
+    first = adapter.acquire(8)
+    monkeypatch.setattr(BufferHandle, "release", then_another_thread)
+    adapter.release(first)
+    monkeypatch.undo()
+    listed = adapter._pool
+    assert len(listed) == 1
+    assert listed[0] is others[0]

@@ -23,6 +23,7 @@ from bucketpool import (
     InFlightWriteError,
     ReleaseError,
     UseAfterReleaseError,
+    _debug,
 )
 from bucketpool.compat import DescriptorBufferPool
 from bucketpool.testing import swap_blocks_batch
@@ -629,3 +630,30 @@ def test_a_compat_release_site_is_the_release_line(monkeypatch: pytest.MonkeyPat
         compat.release(compat.acquire(4))
     line = line_of(__file__, "# the compat releasing line")
     assert f"released at {__file__}:{line})" in str(caught[0].message)
+
+
+def test_an_array_derived_as_the_release_ends_is_made_read_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/guide/debugging.md, strict: "`handle.arrays`, `view.numpy()` and every array numpy
+    # derives from them (slices, `.view()`, reshapes) are made read-only at release".  The
+    # move hands the guards' list of arrays over as a copy (`ended += handed`) and makes
+    # them read-only after it, outside the lock: a slice another thread cuts from a stale
+    # array in between joins only the old list, is never marked, and writes into the next
+    # holder's buffer.  Forced: the slice is cut just before the pool marks the arrays.
+    pool = BucketPool(debug="strict")
+    end_arrays = _debug.end_arrays
+    cut: list[typing.Any] = []
+
+    def slice_then_end(buffer: typing.Any) -> None:
+        cut.append(stale[1:])  # what another thread does at this moment
+        end_arrays(buffer)
+
+    monkeypatch.setattr(_debug, "end_arrays", slice_then_end)
+    handle = pool.acquire(8)
+    stale = handle.arrays[0]
+    handle.release()
+    monkeypatch.undo()
+    assert len(cut) == 1
+    assert not stale.flags.writeable
+    assert not cut[0].flags.writeable  # else a stale write lands in the next holder's buffer

@@ -929,3 +929,16 @@ def test_a_compat_triple_records_its_event_at_release() -> None:
     with pytest.raises(TypeError, match=r"pool\.release\(bufs, event=event\)"):
         bufs.record_event(FlagEvent())
     pool.release(bufs)
+
+
+def test_synchronize_takes_any_number_of_seconds() -> None:
+    # BucketPool.synchronize: "timeout: seconds to wait in all, or `None`"; "Raises: [...]
+    # TypeError, ValueError: *timeout* is not a number of seconds >= 0".  An int timeout
+    # beyond a float's range raises OverflowError from `time.monotonic() + timeout`, an
+    # error the docstring does not name (and nothing was waited for).
+    pool = BucketPool()
+    handle = pool.acquire(8)
+    handle.record_event(FlagEvent(done=True))
+    handle.release()
+    pool.synchronize(timeout=10**400)  # as long as it takes: the event is done now
+    assert pool.stats().parked == 0

@@ -786,3 +786,19 @@ def test_coalesce_takes_only_a_bool(coalesce: object) -> None:
         with pytest.raises(TypeError, match="coalesce must be True or False"):
             bufs.add_block_copies(0, 4096, 8192, [0, 1], [0, 1], 64, coalesce=coalesce)  # type: ignore[arg-type]
         assert bufs.add_block_copies(0, 4096, 8192, [0, 1], [0, 1], 64, coalesce=np.True_) == 1  # type: ignore[arg-type]
+
+
+def test_an_interleaved_fill_from_the_handles_own_column_reads_it_before_writing() -> None:
+    # docs/guide/handles.md: "Every input is read and checked before the first entry is
+    # written, so [...] a handle's own columns may be passed back"; `write`'s docstring:
+    # "shared inputs copied first".  `write` copies a shared destinations or sizes column,
+    # never the sources: numpy's `src[first:end:step] = sources` reads entries it has
+    # already overwritten when the strided target overlaps them (entry 4 gets entry 2's new
+    # value), and the copies move the wrong memory.
+    pool = BucketPool()
+    with pool.acquire(8) as bufs:
+        bufs.add_copies(0, list(range(10, 18)), list(range(20, 28)), list(range(30, 38)))
+        end = bufs.add_copies(0, bufs.src_ptrs[:4], bufs.dst_ptrs[:4], bufs.sizes[:4], step=2)
+        assert end == 7
+        assert bufs.src_ptrs.tolist() == [10, 11, 11, 13, 12, 15, 13, 17]
+        assert bufs.dst_ptrs.tolist() == [20, 21, 21, 23, 22, 25, 23, 27]

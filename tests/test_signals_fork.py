@@ -869,6 +869,89 @@ def test_a_signal_while_the_fork_waits_for_the_lock_never_forks_without_it(
     assert _lock_free_and_signals(set()) == 0
 
 
+@needs_fork
+def test_a_fork_leaves_a_signal_the_thread_blocked_pending() -> None:
+    # docs/design.md, "Fork": "The forking thread waits with every signal blocked [...]
+    # and its signal mask is then as it was."  A signal the thread itself blocked (to
+    # sigwait() it, say) must stay pending across the fork: the after-fork handlers unblock
+    # every signal before blocking the thread's own again, and deliver it in between (with
+    # SIG_DFL, SIGUSR1 would end the process).
+    BucketPool()  # the pool's fork handlers are registered
+    handled: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+        assert signal.SIGUSR1 in signal.sigpending()
+        pid = fork()
+        if pid == 0:
+            exit_child(lambda: 0)
+        assert wait_for_child(pid) == 0
+        still_pending = signal.SIGUSR1 in signal.sigpending()
+        assert (handled, still_pending) == ([], True)
+    finally:
+        signal.sigtimedwait({signal.SIGUSR1}, 0)  # consume it while blocked
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGUSR1, previous)
+
+
+@needs_fork
+@pytest.mark.skipif(
+    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"),
+    reason="needs Linux's /proc to see a thread's pending signals",
+)
+def test_a_signal_during_the_forks_wait_is_reported_once_the_lock_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/design.md, "Fork": what arrives during the wait is handled as the lock is let go;
+    # what its handler raises there is reported as unraisable, never lost, and the fork
+    # had the lock.  Forced: a helper holds the lock until the forking thread waits for
+    # it, signals it, and lets go once the signal is seen pending.
+    BucketPool()
+    discarded: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: discarded.append(info.exc_value))
+    main = threading.current_thread()
+
+    def handler(signum: int, frame: object) -> None:
+        raise InjectedInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    holding, forked = threading.Event(), threading.Event()
+    read_end, write_end = os.pipe()
+
+    def hold() -> None:
+        with _lock.LOCK:  # as a move does
+            holding.set()
+            deadline = time.monotonic() + GUARD_S  # a failure guard only
+            while not blocked_in_fork_handler(main) and time.monotonic() < deadline:
+                time.sleep(0)
+            signal.pthread_kill(main.ident or 0, signal.SIGUSR1)
+            while time.monotonic() < deadline:
+                if signal.SIGUSR1 in thread_signals(main, "SigPnd") or forked.is_set():
+                    break
+                time.sleep(0)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    raised: BaseException | None = None
+    try:
+        holder.start()
+        assert holding.wait(GUARD_S)
+        try:
+            if fork() == 0:
+                exit_child(lambda: os.write(write_end, os.getpid().to_bytes(8, "big")) and 0)
+        except InjectedInterrupt as error:
+            raised = error
+        forked.set()
+        holder.join(GUARD_S)
+        child = int.from_bytes(os.read(read_end, 8), "big")  # lost where os.fork() raised
+        assert wait_for_child(child) == 0
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        os.close(read_end)
+        os.close(write_end)
+    assert (raised, [type(error) for error in discarded]) == (None, [InjectedInterrupt])
+
+
 def hold_the_lock_until_the_fork_waits(
     forker: threading.Thread,
     inside: Sequence[threading.Thread],
