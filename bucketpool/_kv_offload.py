@@ -22,19 +22,31 @@ from bucketpool._pool import ADAPTERS, BucketPool
 __all__ = ["install", "probe", "uninstall"]
 
 _NAME = "_new_descriptor_buffers"
-_HANDLE = "_bucketpool_handle"  # on each tensor handed out: the hand-out's holder
+_HANDLE = "_bucketpool_handle"  # on each tensor handed out: a `_Hold` of the hand-out
 _HANDLER = ("__init__", "transfer_async", "get_finished", "shutdown")  # a handler's methods
 _Triple = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _swaps: list[tuple[object, str, object, object]] = []  # (owner, name, original, replacement)
 _pools: dict[tuple[torch.dtype, bool], BucketPool] = {}
 
 
+class _Hold:
+    """What the three tensors of a hand-out share: its handle; a deep copy or pickle is None."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: BufferHandle) -> None:
+        self.handle = handle
+
+    def __reduce__(self) -> tuple[type[None], tuple[()]]:
+        return type(None), ()  # a tensor's deep copy or pickle is new memory: it holds nothing
+
+
 def _descriptors(pool: BucketPool, n: int) -> _Triple:
     """``_new_descriptor_buffers(n)``: a whole bucket (>= *n*) as three fresh aliases."""
-    handle = pool.acquire(pool.bucket_capacity(n))
-    src, dst, sizes = (view.detach() for view in handle.buffers)  # only these hold it
+    hold = _Hold(pool.acquire(pool.bucket_capacity(n)))
+    src, dst, sizes = (view.detach() for view in hold.handle.buffers)  # only these hold it
     for alias in (src, dst, sizes):
-        setattr(alias, _HANDLE, handle)
+        setattr(alias, _HANDLE, hold)
     return src, dst, sizes
 
 
@@ -49,7 +61,7 @@ def _holder(triple: Sequence[object]) -> BufferHandle | None:
             f"these {len(found)} tensors are not one triple of _new_descriptor_buffers(n) "
             "(they mix hand-outs, or lack one); append the three it returned, together"
         )
-    return typing.cast("BufferHandle | None", found[0] if found else None)
+    return typing.cast("_Hold", found[0]).handle if any(found) else None
 
 
 class _Returns(list[_Triple]):
@@ -68,14 +80,16 @@ class _Returns(list[_Triple]):
             handle.release()
 
 
-def _wrap_init(original: Callable[..., None]) -> Callable[..., None]:
+def _wrap_transfer(original: Callable[..., bool]) -> Callable[..., bool]:
     @functools.wraps(original)
-    def __init__(self: Any, *args: object, **kwargs: object) -> None:
-        original(self, *args, **kwargs)
-        if type(getattr(self, "_buffer_pool", None)) is list:
-            self._buffer_pool = _Returns(self._buffer_pool)
+    def transfer_async(self: Any, *args: object, **kwargs: object) -> bool:
+        if type(getattr(self, "_buffer_pool", None)) is list:  # vLLM's: releases the pool's
+            triples, self._buffer_pool = self._buffer_pool, _Returns()  # (their copies are done)
+            for triple in triples:
+                self._buffer_pool.append(triple)
+        return original(self, *args, **kwargs)
 
-    return __init__
+    return transfer_async
 
 
 def _wrap_shutdown(original: Callable[..., object]) -> Callable[..., object]:
@@ -148,19 +162,24 @@ def install(modules: Iterable[ModuleType]) -> None:
         for each in list(vars(module).values()):
             mine = isinstance(each, type) and each.__module__ == module.__name__
             methods = vars(each) if mine else {}
-            if all(m in methods for m in _HANDLER) and id(methods["__init__"]) not in ours:
-                init, shutdown = methods["__init__"], methods["shutdown"]
-                swaps += [(each, "__init__", init, _wrap_init(init))]
+            if all(m in methods for m in _HANDLER) and id(methods["shutdown"]) not in ours:
+                transfer, shutdown = methods["transfer_async"], methods["shutdown"]
+                swaps += [(each, "transfer_async", transfer, _wrap_transfer(transfer))]
                 swaps += [(each, "shutdown", shutdown, _wrap_shutdown(shutdown))]
     for owner, attribute, _, new in swaps:
         setattr(owner, attribute, new)
     _swaps.extend(swaps)
 
 
-def uninstall() -> None:
-    """Put back every original `install` replaced, where its replacement is still bound."""
+def uninstall() -> list[tuple[object, object]]:
+    """Put back every original `install` replaced, where its replacement is still bound.
+
+    Returns ``(replacement, original)`` pairs: the caller rebinds where modules bound one since.
+    """
     for owner, name, original, new in reversed(_swaps):
         if vars(owner).get(name) is new:
             setattr(owner, name, original)
+    undone = [(new, original) for *_, original, new in _swaps]
     _swaps.clear()
     _pools.clear()  # each pool goes with the last of its hand-outs
+    return undone

@@ -9,7 +9,7 @@ import torch
 
 from bucketpool._errors import ReleaseError, reentered
 from bucketpool._handle import BufferHandle
-from bucketpool._inputs import read_copies
+from bucketpool._inputs import as_integer, read_copies
 from bucketpool._lock import owned
 from bucketpool._pool import ADAPTERS, BucketPool, hand_out, note_release, released_tuples
 from bucketpool._settings import check_count
@@ -39,17 +39,20 @@ class AliasedDescriptorBuffers(NamedTuple):
         sources: IntegerInput,
         destinations: IntegerInput,
         byte_counts: IntegerInput | SupportsIndex,
+        *,
+        step: SupportsIndex = 1,
     ) -> int:
         """Write copies as `DescriptorBuffers.add_copies`; return the next free entry (vLLM: None).
 
         Raises:
             CapacityError: the copies do not fit (an `IndexError` and the original's `ValueError`).
-            ValueError: lengths differ, or a byte count is negative.
+            ValueError: lengths differ, a byte count is negative, or *step* is below 1.
             TypeError: an input is not integer.
         """
         arrays = (self.src_np, self.dst_np, self.sizes_np)
         plan = read_copies(first, sources, destinations, byte_counts, self.src_np.dtype)
-        return write(arrays, len(self.src_np), plan, "add_copies")
+        every = as_integer(step, "step", "add_copies")
+        return write(arrays, len(self.src_np), plan, "add_copies", every)
 
 
 _HELD: dict[int, tuple[BucketPool, BufferHandle]] = {}  # id(tuple held) -> (pool, handle)

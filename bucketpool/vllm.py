@@ -111,7 +111,9 @@ def uninstall() -> None:
         record = _record()
         if record is not None:
             _undo(record)
-        _kv_offload.uninstall()
+        undone = _kv_offload.uninstall()  # and where modules bound its factory since:
+        for module, name, _, original in _rebindings(_vllm_modules(), undone):
+            setattr(module, name, original)
 
 
 def installed() -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import inspect
 import pickle
 import sys
 import types
@@ -293,6 +294,23 @@ def test_aliased_add_copies_has_the_upstream_meaning() -> None:
     with pytest.raises(IndexError):
         bufs.add_copies(15, [1, 2], [3, 4], 8)  # past the capacity of 16
     pool.release(bufs)
+
+
+def test_a_public_aliased_tuple_fills_every_step_entries_as_the_held_one() -> None:
+    """``copy.copy`` of a held tuple is the public class: its add_copies takes ``step`` too."""
+    assert inspect.signature(AliasedDescriptorBuffers.add_copies) == inspect.signature(
+        DescriptorBuffers.add_copies
+    )
+    pool = AliasedDescriptorBufferPool()
+    held = pool.acquire(8)
+    public = copy.copy(held)  # the same memory, in the public class
+    assert type(public) is AliasedDescriptorBuffers
+    for layer, bufs in enumerate((held, public)):
+        assert bufs.add_copies(layer, [100, 200, 300], [400, 500, 600], 8, step=2) == 5 + layer
+    assert held.src_np[:6].tolist() == [100, 100, 200, 200, 300, 300]
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        public.add_copies(0, [1], [2], 3, step=0)
+    pool.release(held)
 
 
 def test_aliased_same_n_is_the_same_memory_and_dtype_follows() -> None:

@@ -10,9 +10,11 @@ byte for byte against a model, with vLLM's own list and with the drop-in, under
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import importlib
+import pickle
 import random
 import sys
 import types
@@ -59,6 +61,10 @@ def gpu_worker(
         bucketpool_vllm.uninstall()
         for name in _vllm_names() - before:
             sys.modules.pop(name, None)
+
+
+def _leaks(record: list[warnings.WarningMessage]) -> list[str]:
+    return [str(each.message) for each in record if issubclass(each.category, LeakWarning)]
 
 
 def base() -> Any:
@@ -286,26 +292,71 @@ def test_appends_are_checked(gpu_worker: types.ModuleType) -> None:
     assert pool_of(gpu_worker).outstanding() == []
 
 
+@pytest.mark.parametrize(
+    "duplicate",
+    [copy.deepcopy, lambda triple: pickle.loads(pickle.dumps(triple))],
+    ids=["deepcopy", "pickle"],
+)
+def test_descriptor_tensors_copy_as_vllms_own(
+    gpu_worker: types.ModuleType, duplicate: object
+) -> None:
+    """A deep copy or pickle of the factory's triple works as with vLLM's factory.
+
+    The factory is a drop-in for vLLM's ``_new_descriptor_buffers``, whose tensors deep copy
+    and pickle: a copy is new memory and holds no hand-out (not a TypeError about a
+    BufferHandle the caller never saw).
+    """
+    assert callable(duplicate)
+    try:
+        duplicate(gpu_worker._new_descriptor_buffers(4))  # vLLM's own factory's triple
+    except Exception as error:  # (torch pickles no uint64 tensor)
+        expected: type[Exception] | None = type(error)
+    else:
+        expected = None
+    bucketpool_vllm.install(kv_offload=True)
+    triple = gpu_worker._new_descriptor_buffers(4)
+    returns = _kv_offload._Returns()
+    try:
+        for tensor in triple:
+            tensor.fill_(7)
+        if expected is not None:
+            with pytest.raises(expected):
+                duplicate(triple)
+            return
+        copied = duplicate(triple)
+        assert [c.tolist() for c in copied] == [t.tolist() for t in triple]
+        assert all(c.data_ptr() != t.data_ptr() for c, t in zip(copied, triple, strict=True))
+        returns.append(tuple(copied))  # no holder: kept, as vLLM's list keeps its own
+        assert len(returns) == 1
+    finally:
+        returns.append(triple)  # the one holder gives the buffer back
+    assert pool_of(gpu_worker).outstanding() == []
+
+
 def test_vllms_own_lists_keep_working(gpu_worker: types.ModuleType) -> None:
-    """A handler made before install (a plain list), and a triple made after uninstall."""
+    """A handler made before install keeps its own triple, and a triple made after uninstall."""
     early = make_worker(gpu_worker)
+    with torch.inference_mode():
+        assert early.submit_store(0, *specs([0], [0]))
+    standin.device().drain()
+    assert [r.job_id for r in early.get_finished()] == [0]
+    own = early._store_handler._buffer_pool[0]  # vLLM's, in vLLM's plain list
     bucketpool_vllm.install(kv_offload=True)
     pool = pool_of(gpu_worker)
     late = make_worker(gpu_worker)
-    assert type(early._store_handler._buffer_pool) is list
     with warnings.catch_warnings():
         warnings.simplefilter("error", LeakWarning)
         with torch.inference_mode():
-            for job, worker in enumerate((early, late)):
+            for job, worker in enumerate((early, late), 1):
                 assert worker.submit_store(job, *specs([job], [job]))
         standin.device().drain()
-        assert [r.job_id for r in (*early.get_finished(), *late.get_finished())] == [0, 1]
-        assert len(early._store_handler._buffer_pool) == 1  # vLLM's list keeps it
+        assert [r.job_id for r in (*early.get_finished(), *late.get_finished())] == [1, 2]
+        assert [t[0] is own[0] for t in early._store_handler._buffer_pool] == [True]  # reused
         assert not late._store_handler._buffer_pool  # released
-        early.shutdown()  # gives back what its plain list holds
+        early.shutdown()
         bucketpool_vllm.uninstall()
         with torch.inference_mode():
-            assert late.submit_store(2, *specs([2], [2]))  # vLLM's own buffers again
+            assert late.submit_store(3, *specs([3], [3]))  # vLLM's own buffers again
         standin.device().drain()
         late.get_finished()
         assert len(late._store_handler._buffer_pool) == 1  # kept, as vLLM's list would
@@ -313,6 +364,33 @@ def test_vllms_own_lists_keep_working(gpu_worker: types.ModuleType) -> None:
         gc.collect()
     assert pool.outstanding() == []
     assert pool.stats().leaks == 0
+
+
+def test_a_handler_made_before_install_reports_no_leak_when_it_grows(
+    gpu_worker: types.ModuleType,
+) -> None:
+    """vLLM throws away a too-small triple from its own list: that is not a leak.
+
+    docs/compat.md: a handler made before install "works as before"; no buffer is thrown
+    away for being small, and a LeakWarning here would name vLLM's line for vLLM's design.
+    """
+    early = make_worker(gpu_worker)  # its _buffer_pool stays vLLM's plain list
+    bucketpool_vllm.install(kv_offload=True)
+    device = standin.device()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with torch.inference_mode():
+            assert early.submit_store(0, *specs([0], [0]))  # 2 ops: a bucket of 16
+            device.drain()
+            assert [result.job_id for result in early.get_finished()] == [0]
+            blocks = list(range(12))  # 24 ops: vLLM drops the 16 it pops, asks for 24
+            assert early.submit_store(1, *specs(blocks, blocks))
+            device.drain()
+            assert [result.job_id for result in early.get_finished()] == [1]
+        early.shutdown()
+        gc.collect()
+    assert _leaks(record) == []
+    assert pool_of(gpu_worker).stats().leaks == 0
 
 
 def _handler_class(module_name: str) -> type:
@@ -341,16 +419,19 @@ def test_install_rebinds_and_wraps_in_vllm_ascend(gpu_worker: types.ModuleType) 
 
     handler = _handler_class(own.__name__)
     vars(own).update(_new_descriptor_buffers=own_factory, Handler=handler)
-    originals = (vars(handler)["__init__"], vars(handler)["shutdown"])
+    originals = (vars(handler)["transfer_async"], vars(handler)["shutdown"])
     sys.modules[imported.__name__] = imported
     bucketpool_vllm.install(kv_offload=True)
     assert isinstance(imported._new_descriptor_buffers, functools.partial)
     sys.modules[own.__name__] = own  # not imported at install: install again serves it
     assert own._new_descriptor_buffers is own_factory
-    assert type(handler()._buffer_pool) is list
+    unserved = handler()
+    unserved.transfer_async()
+    assert type(unserved._buffer_pool) is list
     bucketpool_vllm.install(kv_offload=True)
     assert isinstance(own._new_descriptor_buffers, functools.partial)
     made = handler()
+    made.transfer_async()
     assert isinstance(made._buffer_pool, _kv_offload._Returns)
     made._transfers = [types.SimpleNamespace(end_event=None)]  # a Transfer with no triple
     made.shutdown()
@@ -359,24 +440,49 @@ def test_install_rebinds_and_wraps_in_vllm_ascend(gpu_worker: types.ModuleType) 
     bucketpool_vllm.uninstall()
     assert imported._new_descriptor_buffers is gpu_worker._new_descriptor_buffers
     assert own._new_descriptor_buffers is own_factory
-    assert (vars(handler)["__init__"], vars(handler)["shutdown"]) == originals
+    assert (vars(handler)["transfer_async"], vars(handler)["shutdown"]) == originals
 
 
 def test_uninstall_restores_vllm(gpu_worker: types.ModuleType) -> None:
     cls = gpu_worker.SingleDirectionOffloadingHandler
-    originals = (gpu_worker._new_descriptor_buffers, vars(cls)["__init__"], vars(cls)["shutdown"])
+    transfer = "transfer_async"
+    originals = (gpu_worker._new_descriptor_buffers, vars(cls)[transfer], vars(cls)["shutdown"])
     bucketpool_vllm.install()  # without kv_offload: the KV worker is untouched
     assert gpu_worker._new_descriptor_buffers is originals[0]
     bucketpool_vllm.install(kv_offload=True)
     bucketpool_vllm.install(kv_offload=True)  # again: nothing more
     assert len(_kv_offload._swaps) == 3
-    assert vars(cls)["__init__"] is not originals[1]
+    assert vars(cls)[transfer] is not originals[1]
     bucketpool_vllm.uninstall()
-    assert (gpu_worker._new_descriptor_buffers, vars(cls)["__init__"], vars(cls)["shutdown"]) == (
+    assert (gpu_worker._new_descriptor_buffers, vars(cls)[transfer], vars(cls)["shutdown"]) == (
         originals
     )
     assert not bucketpool_vllm.installed()
     assert not _kv_offload._pools
+
+
+def test_uninstall_restores_a_factory_bound_after_install(gpu_worker: types.ModuleType) -> None:
+    """A module imported after install binds bucketpool's factory: uninstall undoes it.
+
+    docs/compat.md: modules imported after `install` are served by calling it again, and
+    "`uninstall()` puts back the factory and the methods".
+    """
+    original = gpu_worker._new_descriptor_buffers
+    bucketpool_vllm.install(kv_offload=True)
+    late = types.ModuleType("vllm_ascend.kv_offload.late")  # `from ...gpu_worker import` it
+    vars(late)["_new_descriptor_buffers"] = gpu_worker._new_descriptor_buffers
+    sys.modules[late.__name__] = late
+    try:
+        bucketpool_vllm.install(kv_offload=True)  # again, for the module imported since
+        bucketpool_vllm.uninstall()
+        assert late._new_descriptor_buffers is original
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            bucketpool_vllm.install(kv_offload=True)  # would probe a stale partial: a leak
+            gc.collect()
+        assert _leaks(record) == []
+    finally:
+        sys.modules.pop(late.__name__, None)
 
 
 def test_unservable_factory_replaces_nothing(gpu_worker: types.ModuleType) -> None:
