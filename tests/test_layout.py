@@ -61,8 +61,10 @@ def test_no_module_is_over_450_lines(path: pathlib.Path) -> None:
     assert len(path.read_text().splitlines()) <= 450
 
 
-def test_the_package_is_at_most_3600_lines() -> None:
-    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 3600
+def test_the_package_is_at_most_3950_lines() -> None:
+    # 3,600 for the EC pool and its drop-in (issue 23); 350 more for serving vLLM's other
+    # swap_blocks_batch callers, the KV-offload handlers and HiSparse (issue 28).
+    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 3950
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
