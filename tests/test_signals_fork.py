@@ -1133,3 +1133,94 @@ def test_fork_while_a_thread_inside_the_pool_drops_a_leaked_handle() -> None:
     result = run_script(script, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@needs_fork
+def test_an_interrupt_in_the_fork_handlers_keeps_a_mask_the_thread_set_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/design.md, "Fork": "one C call puts the thread's own signal mask back".  A
+    # handler's exception in `_note_mask` or `_publish_mask` (Python code) left it unnoted:
+    # the thread's own SIGUSR2 block was dropped (or another fork's mask put in its place).
+    _ignore_injected(monkeypatch)
+    BucketPool()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    wrong: list[tuple[str | None, int]] = []
+    try:
+        own = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        for at in itertools.count(1):
+            assert at < 200, "the fork never ran through its handlers uninterrupted"
+            inject = InterruptAt(at)
+            sys.setprofile(inject)
+            try:
+                pid = fork()
+            finally:
+                sys.setprofile(None)
+            if pid == 0:
+                exit_child(lambda: _lock_free_and_signals(own))
+            codes = (wait_for_child(pid), _lock_free_and_signals(own))
+            if codes != (0, 0):
+                wrong.append((inject.where, codes[1]))  # 4: the mask was wrong
+            signal.pthread_sigmask(signal.SIG_SETMASK, own)
+            if inject.where is None:
+                break
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    assert wrong == []
+
+
+@needs_fork
+def test_a_signal_another_thread_caught_during_the_forks_wait_runs_no_handler_under_the_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A process-directed signal (Ctrl-C) during the wait is caught by a thread that does not
+    # block it; Python runs the handler in the main thread at its next bytecode: in
+    # `_publish_mask`, under the lock, where its exception left the previous fork's mask to
+    # be "restored".  Forced: the lock holder catches SIGUSR1 itself once the fork waits.
+    _ignore_injected(monkeypatch)
+    BucketPool()
+    main = threading.current_thread()
+    under_lock: list[bool] = []
+
+    def handler(signum: int, frame: types.FrameType | None) -> None:
+        under_lock.append(_lock.owned())
+        raise InjectedInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+
+    def fork_from_a_thread_with_usr2_blocked() -> None:  # the previous fork: another mask
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+        pid = fork()
+        if pid == 0:
+            exit_child(lambda: 0)
+        codes.append(wait_for_child(pid))
+
+    codes: list[int] = []
+    other = threading.Thread(target=fork_from_a_thread_with_usr2_blocked, daemon=True)
+    other.start()
+    other.join(GUARD_S)
+    assert codes == [0]
+    holding = threading.Event()
+
+    def hold() -> None:
+        with _lock.LOCK:  # as a move does
+            holding.set()
+            deadline = time.monotonic() + GUARD_S  # a failure guard only
+            while not blocked_in_fork_handler(main) and time.monotonic() < deadline:
+                time.sleep(0)
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # caught here, in C
+
+    holder = threading.Thread(target=hold, daemon=True)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    try:
+        holder.start()
+        assert holding.wait(GUARD_S)
+        pid = fork()
+        if pid == 0:
+            exit_child(lambda: _lock_free_and_signals(mask))
+        holder.join(GUARD_S)
+        after = (wait_for_child(pid), signal.pthread_sigmask(signal.SIG_BLOCK, ()))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGUSR1, previous)
+    assert (under_lock, after) == ([False], (0, mask))
