@@ -657,3 +657,29 @@ def test_an_array_derived_as_the_release_ends_is_made_read_only(
     assert len(cut) == 1
     assert not stale.flags.writeable
     assert not cut[0].flags.writeable  # else a stale write lands in the next holder's buffer
+
+
+def test_an_array_derived_while_another_thread_releases_is_made_read_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As above, one step earlier: numpy makes the slice (writable, as its source still is)
+    # and only then calls `__array_finalize__`, which adds it to the hand-out's list.  A
+    # release that ends in between marks the list and drops it: the slice joins a list no
+    # one reads again and stays writable over the next holder's buffer.  Forced: the release
+    # (another thread's) runs as the slice's `__array_finalize__` begins.
+    pool = BucketPool(debug="strict")
+    handle = pool.acquire(8)
+    live = handle.arrays[0]
+    finalize = _debug.GuardedArray.__array_finalize__
+
+    def release_meanwhile(self: typing.Any, obj: object) -> None:
+        if not handle.released:
+            handle.release()  # what another thread does at this moment
+        finalize(self, obj)
+
+    monkeypatch.setattr(_debug.GuardedArray, "__array_finalize__", release_meanwhile)
+    cut = live[1:]
+    monkeypatch.undo()
+    assert handle.released
+    assert not live.flags.writeable
+    assert not cut.flags.writeable  # else a stale write lands in the next holder's buffer
