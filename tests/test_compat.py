@@ -9,6 +9,7 @@ import pickle
 import sys
 import types
 import typing
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -661,3 +662,51 @@ def test_compat_pool_lists_the_tuple_released_last(monkeypatch: pytest.MonkeyPat
     listed = adapter._pool
     assert len(listed) == 1
     assert listed[0] is others[0]
+
+
+def test_compat_pool_lists_no_tuple_for_a_buffer_whose_tuple_was_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/compat.md, `_pool`: "a buffer whose last tuple was dropped unreleased [is] not
+    # in it".  A late note of an older release checks the newest hand-out under the lock,
+    # but the dropped tuple's finaliser writes without it: a collection that runs that
+    # finaliser between the note's check and its store (the store allocates) loses the
+    # finaliser's entry, and the stale tuple is listed once the leak brings the buffer
+    # back.  Forced: the first release's note begins after another thread acquired the
+    # buffer, and that tuple is dropped at the note's store (if the note gets there).
+    adapter = DescriptorBufferPool()
+    release = BufferHandle.release
+    others: list[object] = []
+
+    def then_another_thread(handle: BufferHandle) -> None:
+        release(handle)
+        if not others:
+            others.append(adapter.acquire(8))  # the buffer just cached, held as a new tuple
+
+    def drop_at_the_store(frame: types.FrameType, event: str, arg: object) -> Any:
+        if frame.f_code is bucketpool._ledger.Ledger.note.__code__:
+            if event == "line" and others and frame.f_lineno == store_line:
+                others.clear()  # collected here: its finaliser runs (no lock taken)
+            return drop_at_the_store
+        return None
+
+    source, first_line = inspect.getsourcelines(bucketpool._ledger.Ledger.note)
+    store_line = first_line + next(
+        i for i, text in enumerate(source) if "buffer.last_tuple = (token" in text
+    )
+    first = adapter.acquire(8)
+    monkeypatch.setattr(BufferHandle, "release", then_another_thread)
+    sys.settrace(drop_at_the_store)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", bucketpool.LeakWarning)  # the dropped tuple's
+            adapter.release(first)
+            monkeypatch.undo()
+            sys.settrace(None)
+            others.clear()  # (dropped here if the note never reached its store)
+            adapter.pool.stats()  # takes back the dropped hand-out's buffer
+            listed = adapter._pool
+    finally:
+        sys.settrace(None)
+    assert adapter.pool.stats().active_requests.current == 0
+    assert listed == []
