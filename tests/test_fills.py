@@ -802,3 +802,17 @@ def test_an_interleaved_fill_from_the_handles_own_column_reads_it_before_writing
         assert end == 7
         assert bufs.src_ptrs.tolist() == [10, 11, 11, 13, 12, 15, 13, 17]
         assert bufs.dst_ptrs.tolist() == [20, 21, 21, 23, 22, 25, 23, 27]
+
+
+def test_a_fill_from_a_strided_slice_of_the_handles_own_column_reads_it_first() -> None:
+    # docs/guide/handles.md: "a handle's own columns may be passed back".  `write` copies a
+    # shared sources column only when *step* is not 1; at step 1 a strided slice of it is
+    # still written through in place: numpy runs an overlapping 1-D copy backwards when the
+    # source starts lower, and with the source's stride 3 against the target's 1, entry 2
+    # reads entry 3 after it was overwritten with entry 6.
+    pool = BucketPool()
+    with pool.acquire(16) as bufs:
+        bufs.add_copies(0, list(range(10, 26)), list(range(30, 46)), 64)
+        end = bufs.add_copies(1, bufs.src_ptrs[0:12:3], list(range(4)), 64)
+        assert end == 5
+        assert bufs.src_ptrs[:6].tolist() == [10, 10, 13, 16, 19, 15]
