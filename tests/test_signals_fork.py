@@ -1258,3 +1258,85 @@ def test_an_interrupt_as_the_fork_puts_the_mask_back_leaves_no_signal_blocked(
         exit_child(lambda: 0)
     assert wait_for_child(pid) == 0
     assert after == mask
+
+
+@needs_fork
+@pytest.mark.skipif(
+    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"),
+    reason="needs Linux's /proc to see a thread's pending signals",
+)
+def test_an_interrupt_before_the_fork_blocks_signals_never_forks_without_the_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/design.md, "Fork": "The forking thread waits with every signal blocked, so no
+    # handler can interrupt the wait and fork without the lock."  `_block` is a partial of
+    # `signal.pthread_sigmask`, Python: an interrupt at its first line leaves the signals
+    # unblocked, and the next one interrupts the lock's wait (the fifth review's bug): the
+    # child inherits the lock held.  Forced: one interrupt lands there, then a helper that
+    # holds the lock signals the waiting thread and lets go once the wait was interrupted.
+    unraisable: list[str] = []  # what the fork's handlers raised, the injected aside
+    monkeypatch.setattr(
+        sys,
+        "unraisablehook",
+        lambda info: (
+            isinstance(info.exc_value, InjectedInterrupt) or unraisable.append(repr(info.exc_value))
+        ),
+    )
+    pool = BucketPool()
+    main = threading.current_thread()
+    code, every = signal.pthread_sigmask.__code__, signal.valid_signals()
+
+    def waiting_in_fork() -> bool:  # (its signals unblocked: `blocked_in_fork_handler` waits)
+        frame = sys._current_frames().get(main.ident or 0)
+        with open(f"/proc/self/task/{main.native_id}/status") as status:
+            state = next(line for line in status if line.startswith("State:"))
+        return frame is not None and frame.f_code is fork.__code__ and "S" in state.split()[1]
+
+    def at_block(frame: types.FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is code and frame.f_locals["mask"] == every:
+            sys.setprofile(None)
+            raise InjectedInterrupt
+
+    def handler(signum: int, frame: types.FrameType | None) -> None:
+        handled.append(signum)
+        raise InjectedInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    holding, forked = threading.Event(), threading.Event()
+    seen: list[bool] = []
+    handled: list[int] = []
+
+    def hold() -> None:
+        with _lock.LOCK:  # as a move does
+            holding.set()
+            deadline = time.monotonic() + GUARD_S  # a failure guard only
+            while not waiting_in_fork() and time.monotonic() < deadline:
+                time.sleep(0)
+            seen.append(waiting_in_fork())
+            signal.pthread_kill(main.ident or 0, signal.SIGUSR1)
+            while time.monotonic() < deadline:
+                if handled or signal.SIGUSR1 in thread_signals(main, "SigPnd") or forked.is_set():
+                    break
+                time.sleep(0)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    try:
+        holder.start()
+        assert holding.wait(GUARD_S)
+        sys.setprofile(at_block)
+        try:
+            pid = fork()
+        finally:
+            sys.setprofile(None)
+        if pid == 0:
+            exit_child(lambda: _lock_free_and_signals(mask) or fork_child_work(pool))
+        forked.set()
+        holder.join(GUARD_S)
+        code_of_child = wait_for_child(pid)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert seen == [True]
+    assert unraisable == []  # RuntimeError: the parent released a lock it had not taken
+    assert code_of_child == 0  # 3: the child's lock was held by a thread it does not have
+    assert _lock_free_and_signals(mask) == 0
