@@ -1275,13 +1275,12 @@ def test_an_interrupt_before_the_fork_blocks_signals_never_forks_without_the_loc
     # child inherits the lock held.  Forced: one interrupt lands there, then a helper that
     # holds the lock signals the waiting thread and lets go once the wait was interrupted.
     unraisable: list[str] = []  # what the fork's handlers raised, the injected aside
-    monkeypatch.setattr(
-        sys,
-        "unraisablehook",
-        lambda info: (
-            isinstance(info.exc_value, InjectedInterrupt) or unraisable.append(repr(info.exc_value))
-        ),
-    )
+
+    def hook(info: typing.Any) -> None:
+        if not isinstance(info.exc_value, InjectedInterrupt):
+            unraisable.append(repr(info.exc_value))
+
+    monkeypatch.setattr(sys, "unraisablehook", hook)
     pool = BucketPool()
     main = threading.current_thread()
     code, every = signal.pthread_sigmask.__code__, signal.valid_signals()
