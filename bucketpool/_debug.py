@@ -173,6 +173,8 @@ class GuardedArray(np.ndarray):
         if guard is not None and guard[1] <= self.__array_interface__["data"][0] < guard[2]:
             self._bp_guard = guard
             guard[0].append(weakref.ref(self))  # not a derived array with memory of its own
+            if not getattr(obj, "flags", self.flags).writeable:  # its source ended meanwhile
+                self.flags.writeable = False
 
 
 @typing.final

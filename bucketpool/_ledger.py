@@ -423,7 +423,8 @@ class Ledger:
     def note(self, buffer: Buffer, token: int, entry: tuple[int, object]) -> None:
         """(compat `_pool`) *entry* for hand-out *token*, unless a later one was noted."""
         with LOCK:
-            if buffer.last_tuple is None or buffer.last_tuple[0] <= token:
+            back = buffer.token in (0, -token)  # not handed out again since
+            if back and (buffer.last_tuple is None or buffer.last_tuple[0] <= token):
                 buffer.last_tuple = (token, entry)
 
     def cached_in(self, bucket: Bucket) -> list[Buffer]:

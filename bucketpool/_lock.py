@@ -8,6 +8,7 @@ no user code and, at ``off``, calls nothing.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import signal
 import threading
@@ -23,25 +24,25 @@ owned: Callable[[], bool] = LOCK._is_owned  # type: ignore[attr-defined]
 #: made the move takes them back as it ends (`BucketPool` drains them).
 LATE: list[Callable[[], object]] = []
 
-_noted: dict[int, set[int | signal.Signals]] = {}  # each forking thread's own blocked signals
-_MASK: set[int | signal.Signals] = set()  # (under the lock) the forking thread's, restored in C
+_signal = importlib.import_module("_signal")  # its C functions: signal.py's wrap them in code
+_noted: dict[int, set[int]] = {}  # each forking thread's own blocked signals
+_MASK: set[int] = set()  # the forking thread's, put back by a C call (emptied after)
 
 
 def _note_mask() -> None:
-    # Interrupted here, nothing is noted: the mask is then restored as empty.
-    _noted[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    # A handler raising here (or in `_publish_mask`) leaves the mask to be put back empty.
+    _noted[threading.get_ident()] = _signal.pthread_sigmask(signal.SIG_BLOCK, ())
 
 
 def _publish_mask() -> None:
-    # Under the lock, for the restore (a C call: no handler can stop it, docs/design.md).
-    _MASK.clear()
+    # Under the lock, so no other fork's mask is in `_MASK` meanwhile.
     _MASK.update(_noted.pop(threading.get_ident(), ()))
 
 
 # Held across the fork by the lock's own C methods, waited for with every signal blocked;
-# the thread's own mask is put back by one C call once the lock is released, so no handler
-# runs under the lock (docs/design.md, "Fork").  Before-handlers run in the reverse order
-# of registration, after-handlers in order.
+# the thread's mask is put back by C calls once the lock is let go, so a handler for what
+# arrived meanwhile never runs under the lock (docs/design.md, "Fork").  Before-handlers
+# run in the reverse order of registration, after-handlers in order.
 if hasattr(os, "register_at_fork"):
     masks = hasattr(signal, "pthread_sigmask")
     if masks:
@@ -50,8 +51,11 @@ if hasattr(os, "register_at_fork"):
         before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release
     )
     if masks:
-        _restore = functools.partial(signal.pthread_sigmask, signal.SIG_SETMASK, _MASK)
+        _restore = functools.partial(_signal.pthread_sigmask, signal.SIG_SETMASK, _MASK)
         os.register_at_fork(after_in_parent=_restore, after_in_child=_restore)
-        _block = functools.partial(signal.pthread_sigmask, signal.SIG_BLOCK, signal.valid_signals())
+        os.register_at_fork(after_in_parent=_MASK.clear, after_in_child=_MASK.clear)
+        _block = functools.partial(
+            _signal.pthread_sigmask, signal.SIG_BLOCK, signal.valid_signals()
+        )
         os.register_at_fork(before=_block)
         os.register_at_fork(before=_note_mask)

@@ -231,8 +231,8 @@ def write(arrays: DescriptorArrays, n: int, plan: Plan, op: str, step: int = 1) 
         )
     src, dst, size = arrays
     whole = src.base if src.base is not None else src
-    if step != 1 and sources.base is not None and _may_share(sources, whole):
-        sources = sources.copy()  # (numpy reads a strided overlap after writing it)
+    if sources.base is not None and _may_share(sources, whole):
+        sources = sources.copy()  # (numpy reads some overlaps after writing them)
     if destinations.base is not None and _may_share(destinations, whole):
         destinations = destinations.copy()
     if type(sizes) is _ndarray and sizes.base is not None and _may_share(sizes, whole):
