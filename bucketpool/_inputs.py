@@ -223,14 +223,18 @@ def read_block_copies(
             breaks |= (flat[count + 1 :] - flat[count:-1]) != 1
             bounds = breaks.nonzero()[0]
             runs = bounds if len(bounds) <= count else None
+    if runs is not None and len(runs) == 2:  # one run: one copy, its addresses from ints
+        src_first = (flat.item(1) * step + bases[0]) & MAX_ADDRESS
+        dst_first = (flat.item(count + 1) * step + bases[1]) & MAX_ADDRESS
+        ends = np.array([src_first, dst_first], _U64)
+        sizes: IntArray | int = count * step - trim
+        return start, 1, ends[:1].view(dtype), ends[1:].view(dtype), sizes
     flat *= step  # offsets below 2**63: exact; the bases wrap mod 2**64
     src, dst = flat[1 : count + 1], flat[count + 1 : -1]
     src += bases[0] - (1 << 64) if bases[0] > MAX_BYTES else bases[0]
     dst += bases[1] - (1 << 64) if bases[1] > MAX_BYTES else bases[1]
-    sizes: IntArray | int = step
-    if runs is not None and len(runs) == 2:  # one run: one copy
-        src, dst, sizes = src[:1], dst[:1], count * step
-    elif runs is not None:
+    sizes = step
+    if runs is not None:
         src, dst, sizes = src[runs[:-1]], dst[runs[:-1]], (runs[1:] - runs[:-1]) * step
     if trim:
         sizes = sizes if isinstance(sizes, np.ndarray) else np.full(len(src), sizes, _I64)
