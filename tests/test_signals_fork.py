@@ -1344,3 +1344,51 @@ def test_an_interrupt_before_the_fork_blocks_signals_never_forks_without_the_loc
     assert unraisable == []  # RuntimeError: the parent released a lock it had not taken
     assert code_of_child == 0  # 3: the child's lock was held by a thread it does not have
     assert _lock_free_and_signals(mask) == 0
+
+
+def test_a_fork_made_while_another_puts_its_mask_back_keeps_its_own_mask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/design.md, "Fork": each forking thread gets its own mask back.  Forced: the main
+    # thread (SIGUSR2 blocked) forks; a signal from its wait is handled as its mask is put
+    # back, after the lock is let go, and the handler has a second thread (nothing blocked)
+    # fork then.  That thread's mask must stay empty, not take the first one's SIGUSR2.
+    BucketPool()
+    main = threading.current_thread()
+    other_mask: list[set[int]] = []
+
+    def fork_elsewhere() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        if fork() == 0:
+            os._exit(0)
+        other_mask.append(set(signal.pthread_sigmask(signal.SIG_BLOCK, ())))
+
+    def handler(signum: int, frame: object) -> None:
+        other = threading.Thread(target=fork_elsewhere, daemon=True)
+        other.start()
+        other.join(GUARD_S)
+
+    def hold() -> None:
+        with _lock.LOCK:
+            deadline = time.monotonic() + GUARD_S  # a failure guard only
+            while not blocked_in_fork_handler(main) and time.monotonic() < deadline:
+                time.sleep(0)
+            signal.pthread_kill(main.ident or 0, signal.SIGUSR1)
+            while signal.SIGUSR1 not in thread_signals(main, "SigPnd"):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    holder = threading.Thread(target=hold, daemon=True)
+    try:
+        holder.start()
+        if (child := fork()) == 0:
+            os._exit(0)
+        holder.join(GUARD_S)
+        assert wait_for_child(child) == 0
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGUSR1, previous)
+    assert other_mask == [set()]
