@@ -35,7 +35,9 @@ def _note_mask() -> None:
 
 
 def _publish_mask() -> None:
-    # Under the lock, so no other fork's mask is in `_MASK` meanwhile.
+    # Under the lock: a fork whose handler (run as its mask is put back) lets another thread
+    # fork leaves its mask here until its `_MASK.clear`, which runs after that other fork.
+    _MASK.clear()
     _MASK.update(_noted.pop(threading.get_ident(), ()))
 
 
