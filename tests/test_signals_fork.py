@@ -769,6 +769,20 @@ def _ignore_injected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "unraisablehook", unraisable)
 
 
+def _fork_interrupted_at(at: int, child: Callable[[], int]) -> tuple[InterruptAt, int]:
+    """Fork with an interrupt at the *at*-th point of the fork handlers a signal handler could
+    reach; the child exits with what *child* returns.  The injection, and the child's code."""
+    inject = InterruptAt(at)
+    sys.setprofile(inject)
+    try:
+        pid = fork()
+    finally:
+        sys.setprofile(None)
+    if pid == 0:
+        exit_child(child)
+    return inject, wait_for_child(pid)
+
+
 def _lock_free_and_signals(mask: set[int | signal.Signals]) -> int:
     """(in a child, or the parent) 0 if no thread holds the lock and the signal mask is
     *mask*; else which was wrong."""
@@ -796,15 +810,10 @@ def test_an_interrupt_at_any_point_of_the_fork_handlers_keeps_the_lock_right(
     interrupted: list[str] = []
     for at in itertools.count(1):
         assert at < 200, "the fork never ran through its handlers uninterrupted"
-        inject = InterruptAt(at)
-        sys.setprofile(inject)
-        try:
-            pid = fork()
-        finally:
-            sys.setprofile(None)
-        if pid == 0:
-            exit_child(lambda: _lock_free_and_signals(mask) or fork_child_work(pool))
-        assert (wait_for_child(pid), _lock_free_and_signals(mask)) == (0, 0), inject.where
+        inject, code = _fork_interrupted_at(
+            at, lambda: _lock_free_and_signals(mask) or fork_child_work(pool)
+        )
+        assert (code, _lock_free_and_signals(mask)) == (0, 0), inject.where
         if inject.where is None:
             break
         interrupted.append(inject.where)
@@ -1150,15 +1159,8 @@ def test_an_interrupt_in_the_fork_handlers_puts_back_the_threads_mask_or_none(
         own = signal.pthread_sigmask(signal.SIG_BLOCK, ())
         for at in itertools.count(1):
             assert at < 200, "the fork never ran through its handlers uninterrupted"
-            inject = InterruptAt(at)
-            sys.setprofile(inject)
-            try:
-                pid = fork()
-            finally:
-                sys.setprofile(None)
-            if pid == 0:
-                exit_child(lambda: _own_mask_or_none(own))
-            codes = (wait_for_child(pid), _own_mask_or_none(own))
+            inject, code = _fork_interrupted_at(at, lambda: _own_mask_or_none(own))
+            codes = (code, _own_mask_or_none(own))
             if codes != (0, 0) or (inject.where is None and _lock_free_and_signals(own)):
                 wrong.append((inject.where, codes[1]))
             signal.pthread_sigmask(signal.SIG_SETMASK, own)
