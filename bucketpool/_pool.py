@@ -436,11 +436,8 @@ def released_tuples(pool: BucketPool) -> list[object]:
     pool._outside("_pool")  # refused inside a move (the lock is taken below); drains
     ledger = pool._ledger
     found = [buffer.last_tuple for bucket in ledger.buckets for buffer in ledger.cached_in(bucket)]
-    return [entry[1] for _, entry in sorted(filter(None, found), key=_order) if entry]
-
-
-def _order(last: tuple[int, tuple[int, object] | None]) -> int:
-    return -1 if last[1] is None else last[1][0]
+    released = [last[1] for last in found if last is not None and last[1] is not None]
+    return [bufs for _, bufs in sorted(released, key=lambda entry: entry[0])]
 
 
 _NO_COPY = (

@@ -51,6 +51,10 @@ from bucketpool._settings import DebugLevel
 from bucketpool.compat import DescriptorBufferPool
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+needs_proc = pytest.mark.skipif(
+    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"),
+    reason="needs Linux's /proc to see a thread's pending signals",
+)
 #: How long a helper thread waits for the situation a test needs: a failure guard only.
 GUARD_S = 60.0
 
@@ -821,10 +825,7 @@ def test_an_interrupt_at_any_point_of_the_fork_handlers_keeps_the_lock_right(
 
 
 @needs_fork
-@pytest.mark.skipif(
-    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"),
-    reason="needs Linux's /proc to see a thread's pending signals",
-)
+@needs_proc
 def test_a_signal_while_the_fork_waits_for_the_lock_never_forks_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -905,10 +906,7 @@ def test_a_fork_leaves_a_signal_the_thread_blocked_pending() -> None:
 
 
 @needs_fork
-@pytest.mark.skipif(
-    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"),
-    reason="needs Linux's /proc to see a thread's pending signals",
-)
+@needs_proc
 def test_a_signal_during_the_forks_wait_is_reported_once_the_lock_is_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1268,10 +1266,7 @@ def test_an_interrupt_as_the_fork_puts_the_mask_back_leaves_no_signal_blocked(
 
 
 @needs_fork
-@pytest.mark.skipif(
-    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"),
-    reason="needs Linux's /proc to see a thread's pending signals",
-)
+@needs_proc
 def test_an_interrupt_before_the_fork_blocks_signals_never_forks_without_the_lock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
