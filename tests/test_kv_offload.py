@@ -1,7 +1,7 @@
 """``install(kv_offload=True)``: vLLM's real KV-offload handlers on bucketpool's pool.
 
 Runs where a ``vllm`` package can be found (as ``test_vllm_real.py``), over the host
-stand-in of ``_kv_standin.py``: copies are queued and run in order only when the test
+KV stand-in of ``bench/_vllm_host.py``: copies are queued and run in order only when the test
 advances the device, and each reads its descriptors when it runs, as a GPU does, so a
 buffer reused while its copy is queued changes what the copy moves.  Every trace is checked
 byte for byte against a model, with vLLM's own list and with the drop-in, under
@@ -22,7 +22,6 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-import _kv_standin as kv_standin
 import _vllm_standin as standin
 import numpy as np
 import numpy.typing as npt
@@ -54,9 +53,9 @@ def gpu_worker(
     before = _vllm_names()
     for name in ("BUCKETPOOL_CONF", "BUCKETPOOL_DEBUG"):  # the pools install makes: defaults
         monkeypatch.delenv(name, raising=False)
-    kv_standin.install_kv_standin(monkeypatch, eager=False, xpu=request.param)
+    standin.install_kv_standin(monkeypatch, eager=False, xpu=request.param)
     try:
-        yield importlib.import_module(kv_standin.KV_WORKER)
+        yield importlib.import_module(standin.KV_WORKER)
     finally:
         bucketpool_vllm.uninstall()
         for name in _vllm_names() - before:
@@ -76,7 +75,7 @@ def make_worker(module: types.ModuleType, blocks_per_chunk: int = 1) -> Any:
     b = base()
     tensors = [
         b.CanonicalKVCacheTensor(
-            tensor=kv_standin.device_tensor(DEVICE_BLOCKS, page), page_size_bytes=page
+            tensor=standin.device_tensor(DEVICE_BLOCKS, page), page_size_bytes=page
         )
         for page in PAGES
     ]
@@ -502,6 +501,6 @@ def test_unservable_factory_replaces_nothing(gpu_worker: types.ModuleType) -> No
 def test_no_kv_worker_is_an_import_error(
     gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, kv_standin.KV_WORKER, None)
+    monkeypatch.setitem(sys.modules, standin.KV_WORKER, None)
     with pytest.raises(ImportError, match=r"vllm\.v1\.kv_offload\.cpu\.gpu_worker"):
         bucketpool_vllm.install(kv_offload=True)

@@ -7,7 +7,7 @@ and the repository on ``PYTHONPATH``:
     BUCKETPOOL_VLLM_INSTALL=kv_offload python -m pytest -c pyproject.toml -p vllm_plugin \
         .vllm/tests/v1/kv_offload/cpu/test_gpu_worker.py
 
-Before vLLM's conftests and test modules are imported, it puts `_kv_standin`'s host in
+Before vLLM's conftests and test modules are imported, it puts the KV host of `bench._vllm_host` in
 place (every copy runs as it is queued; the platform answers ``is_cuda()``, so the byte tests
 run; the KV tests' "device" tensors say they are on CUDA), registers
 ``torch.ops._C_cache_ops.swap_blocks_batch`` (the EC tests' check for the op), small
@@ -32,7 +32,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import _kv_standin as kv_standin
 import _vllm_standin as standin
 import pytest
 import torch
@@ -126,7 +125,7 @@ def pytest_load_initial_conftests() -> None:
     if install not in ("", "ec", "kv_offload"):
         raise pytest.UsageError(f"{INSTALL_VARIABLE}={install!r}: use '', 'ec' or 'kv_offload'")
     _patches.syspath_prepend(str(tests.parent))
-    kv_standin.install_kv_standin(_patches, eager=True, cuda=True, device_tensors=True)
+    standin.install_kv_standin(_patches, eager=True, cuda=True, device_tensors=True)
     for module in _config_modules():
         _patches.setitem(sys.modules, module.__name__, module)
     _patches.setattr(

@@ -1,0 +1,392 @@
+"""vLLM's real workers on the host: the stand-in for the accelerator they need, no GPU.
+
+The benchmark's host-step cases (`bench._host_step`) and the tests against vLLM
+(``tests/_vllm_standin.py``) load vLLM's real EC CPU worker and KV-offload worker from a
+wheel installed without its dependencies (``.ci/setup`` puts it in ``.vllm/site``; see
+`vllm_locations`).  vLLM's own ``__init__`` files pull in most of its dependencies, so the
+packages on the way are registered as bare packages over the real directories (their
+``__init__`` never runs), and the few modules the workers import from elsewhere are small
+stand-ins:
+
+- ``vllm._custom_ops.swap_blocks_batch`` queues a `bucketpool.testing.swap_blocks_batch`
+  call on the `HostDevice`;
+- ``vllm.platforms.current_platform`` is a `HostPlatform` whose streams are `HostStream`;
+- ``torch.Event`` becomes `HostEvent` (done once the device has run every copy queued
+  before it), and ``Tensor.record_stream`` does nothing on CPU tensors;
+- the logger, the parallel state, pinning, Triton and host registration are trivial.
+
+The `HostDevice` runs copies in submission order, at once (``eager``) or when told
+(`HostDevice.advance`, `HostDevice.drain`, an event's ``synchronize``): a copy reads its
+descriptors when it runs, as a GPU does, so descriptor buffers reused too early change
+what it copies.  Every patch goes through a `Patches` (pytest's ``MonkeyPatch``), which
+undoes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import random
+import sys
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from bucketpool import testing
+
+__all__ = [
+    "DEFAULT_SITE",
+    "KV_WORKER",
+    "SITE_VARIABLE",
+    "WORKER",
+    "FakeDeviceTensor",
+    "HostDevice",
+    "HostEvent",
+    "HostPlatform",
+    "HostStream",
+    "Patches",
+    "device",
+    "device_tensor",
+    "install_kv_standin",
+    "install_standin",
+    "swap_blocks_batch",
+    "use_device",
+    "vllm_locations",
+]
+
+WORKER = "vllm.distributed.ec_transfer.ec_connector.cpu.worker"
+KV_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
+#: The environment variable naming a directory that holds the ``vllm`` package to use.
+SITE_VARIABLE = "BUCKETPOOL_VLLM_SITE"
+#: Where ``.ci/setup`` installs vLLM's wheel; where to look when the variable is unset.
+DEFAULT_SITE = Path(__file__).resolve().parent.parent / ".vllm" / "site"
+
+# Packages registered bare over the real directories: their __init__ imports half of vLLM.
+_BARE_PACKAGES = (
+    "vllm",
+    "vllm.distributed",
+    "vllm.distributed.ec_transfer",
+    "vllm.distributed.ec_transfer.ec_connector",
+    "vllm.utils",
+)
+_KV_BARE_PACKAGES = ("vllm.v1", "vllm.v1.kv_offload", "vllm.v1.kv_offload.cpu", "vllm.v1.metrics")
+
+_device: HostDevice | None = None
+
+
+class Patches(Protocol):
+    """What the stand-in patches through: pytest's ``MonkeyPatch`` (which undoes it all)."""
+
+    def setattr(self, target: object, name: str, value: object) -> None: ...
+    def setitem(self, mapping: Any, name: str, value: object) -> None: ...
+    def delitem(self, mapping: Any, name: str) -> None: ...
+
+
+def vllm_locations() -> list[str] | None:
+    """Return the directories of the ``vllm`` package to use, or None without one.
+
+    The package is looked for in the directory ``$BUCKETPOOL_VLLM_SITE`` names, by default
+    `DEFAULT_SITE` (a ``pip install --no-deps --target`` directory), and then on
+    ``sys.path``.  That directory is not put on ``sys.path``: only the stand-in's bare
+    packages reach it, so the rest of the process sees no vLLM.  Finding the package runs
+    none of its code, so a wheel installed without its dependencies is found too.
+
+    Raises:
+        RuntimeError: ``$BUCKETPOOL_VLLM_SITE`` is set but holds no ``vllm`` package (a set
+            variable means the tests must run, so they fail rather than skip).
+    """
+    named = os.environ.get(SITE_VARIABLE, "")
+    spec = importlib.machinery.PathFinder.find_spec("vllm", [named or str(DEFAULT_SITE)])
+    if spec is None or not spec.submodule_search_locations:
+        if named:
+            raise RuntimeError(f"{SITE_VARIABLE}={named!r} holds no vllm package")
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+    return list(spec.submodule_search_locations)
+
+
+def device() -> HostDevice:
+    """Return the stand-in device in place."""
+    if _device is None:
+        raise RuntimeError("no HostDevice: call install_standin() first")
+    return _device
+
+
+class HostDevice:
+    """One in-order queue of copies, run at once (*eager*) or when told."""
+
+    def __init__(self, *, eager: bool) -> None:
+        self.eager = eager
+        self._queue: list[Callable[[], None] | None] = []
+        self._done = 0
+
+    @property
+    def submitted(self) -> int:
+        """How many copies were queued so far."""
+        return len(self._queue)
+
+    @property
+    def done(self) -> int:
+        """How many of them have run."""
+        return self._done
+
+    def submit(self, work: Callable[[], None]) -> None:
+        """Queue *work*; run it now if eager."""
+        self._queue.append(work)
+        if self.eager:
+            self.drain()
+
+    def run_to(self, position: int) -> None:
+        """Run the queued copies up to *position* (exclusive), in order."""
+        while self._done < min(position, len(self._queue)):
+            work = self._queue[self._done]
+            self._queue[self._done] = None  # let go of the tensors it holds
+            self._done += 1
+            if work is not None:
+                work()
+
+    def advance(self, count: int) -> None:
+        """Run the next *count* queued copies (fewer if fewer are queued)."""
+        self.run_to(self._done + count)
+
+    def drain(self) -> None:
+        """Run every queued copy."""
+        self.run_to(len(self._queue))
+
+
+def use_device(host: HostDevice) -> None:
+    """Make *host* the device in place: copies and events from now on are its."""
+    global _device
+    _device = host
+
+
+class HostEvent:
+    """``torch.Event`` on the stand-in: done once every copy queued before it has run.
+
+    It belongs to the device in place when it was last recorded.
+    """
+
+    def __init__(self, enable_timing: bool = False, **_: Any) -> None:
+        self._device: HostDevice | None = None
+        self._position = 0
+
+    def record(self, stream: object = None) -> None:
+        self._device = device()
+        self._position = self._device.submitted
+
+    def query(self) -> bool:
+        return self._device is None or self._device.done >= self._position
+
+    def synchronize(self) -> None:
+        if self._device is not None:
+            self._device.run_to(self._position)
+
+    def wait(self, stream: object = None) -> None:
+        pass
+
+    def elapsed_time(self, end_event: HostEvent) -> float:
+        return 1e-3  # a microsecond: vLLM's KV tests want a positive time
+
+
+class HostStream:
+    """A stream of the stand-in: all streams share the device's one queue."""
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def wait_stream(self, stream: object) -> None:
+        pass
+
+    def wait_event(self, event: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        device().drain()
+
+
+class HostPlatform:
+    """``vllm.platforms.current_platform`` for a host that plays the accelerator.
+
+    Args:
+        cuda: what ``is_cuda()`` answers (vLLM's byte tests run only where it is true).
+        xpu: what ``is_xpu()`` answers (vLLM's pool then makes uint64 descriptors).
+    """
+
+    device_type = "cpu"
+    Stream = HostStream
+
+    def __init__(self, *, cuda: bool = False, xpu: bool = False) -> None:
+        self._cuda = cuda
+        self._xpu = xpu
+        self._current = HostStream()
+
+    def is_cuda(self) -> bool:
+        return self._cuda
+
+    def is_cuda_alike(self) -> bool:
+        return False  # vLLM's stall tests need torch.cuda._sleep
+
+    def is_rocm(self) -> bool:
+        return False
+
+    def is_xpu(self) -> bool:
+        return self._xpu
+
+    def current_stream(self) -> HostStream:
+        return self._current
+
+    @contextlib.contextmanager
+    def stream(self, stream: HostStream) -> Iterator[None]:
+        yield
+
+
+def swap_blocks_batch(
+    src_ptrs: torch.Tensor,
+    dst_ptrs: torch.Tensor,
+    sizes: torch.Tensor,
+    is_src_access_order_any: bool = False,
+) -> None:
+    """``vllm._custom_ops.swap_blocks_batch`` on the stand-in: queue the host copy."""
+    device().submit(lambda: testing.swap_blocks_batch(src_ptrs, dst_ptrs, sizes))
+
+
+class _ConnectorMetadata:
+    """Stand-in base of vLLM's connector metadata dataclasses."""
+
+
+def _record_stream(self: torch.Tensor, stream: object) -> None:
+    """``Tensor.record_stream`` on the stand-in: host tensors need no stream bookkeeping."""
+
+
+def _module(name: str, **attributes: object) -> types.ModuleType:
+    module = types.ModuleType(name)
+    vars(module).update(attributes)
+    return module
+
+
+def _bare(name: str, locations: list[str]) -> types.ModuleType:
+    """A package over the real directory of *name*; its ``__init__`` never runs."""
+    package = _module(name)
+    package.__path__ = ["/".join([place, *name.split(".")[1:]]) for place in locations]
+    return package
+
+
+def _stubs(locations: list[str], platform: HostPlatform) -> list[types.ModuleType]:
+    return [
+        *(_bare(name, locations) for name in _BARE_PACKAGES),
+        _module("vllm._custom_ops", swap_blocks_batch=swap_blocks_batch),
+        _module("vllm.platforms", current_platform=platform),
+        _module("vllm.logger", init_logger=logging.getLogger),
+        _module(
+            "vllm.distributed.parallel_state",
+            get_tensor_model_parallel_rank=lambda: 0,
+            get_pcp_group=lambda: types.SimpleNamespace(rank_in_group=0),
+        ),
+        _module("vllm.utils.platform_utils", is_pin_memory_available=lambda: False),
+        _module(
+            "vllm.distributed.ec_transfer.ec_connector.base",
+            ECConnectorMetadata=_ConnectorMetadata,
+            ECConnectorWorkerMetadata=_ConnectorMetadata,
+        ),
+    ]
+
+
+def install_standin(
+    patches: Patches, locations: list[str], *, eager: bool, cuda: bool = False, xpu: bool = False
+) -> HostDevice:
+    """Put the EC stand-in in place over vLLM's *locations*; return its device.
+
+    Every ``vllm`` module already imported is hidden and every stand-in registered through
+    *patches*; modules imported afterwards are not, so the caller removes them.  *eager*
+    runs every copy as it is queued; *cuda* and *xpu* are what the platform answers to
+    ``is_cuda()`` and ``is_xpu()``.
+    """
+    for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]:
+        patches.delitem(sys.modules, name)
+    platform = HostPlatform(cuda=cuda, xpu=xpu)
+    for module in _stubs(locations, platform):
+        patches.setitem(sys.modules, module.__name__, module)
+    patches.setattr(torch, "Event", HostEvent)
+    patches.setattr(torch.Tensor, "record_stream", _record_stream)
+    host = HostDevice(eager=eager)
+    patches.setattr(sys.modules[__name__], "_device", host)
+    return host
+
+
+class FakeDeviceTensor(torch.Tensor):
+    """A host tensor that answers ``is_cuda`` with True (vLLM's KV handler asserts it)."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def device_tensor(blocks: int, page_bytes: int) -> torch.Tensor:
+    """A zeroed ``(blocks, page_bytes)`` int8 `FakeDeviceTensor` in host memory."""
+    host = torch.zeros((blocks, page_bytes), dtype=torch.int8, device="cpu")
+    return host.as_subclass(FakeDeviceTensor)
+
+
+def _set_random_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def install_kv_standin(
+    patches: Patches,
+    locations: list[str],
+    *,
+    eager: bool,
+    cuda: bool = False,
+    xpu: bool = False,
+    device_tensors: bool = False,
+) -> HostDevice:
+    """Put the EC stand-in and the KV-offload worker's stubs in place; return the device.
+
+    The real modules then loaded are ``gpu_worker``, ``base``, ``config``, ``common``,
+    ``shared_offload_region`` and vLLM's ``math_utils``; no Triton (copies go to
+    ``vllm._custom_ops.swap_blocks_batch``), no host registration, no pinning, no check of
+    ``/dev/shm``.  With *device_tensors*, every ``CanonicalKVCacheTensor`` made holds a
+    `FakeDeviceTensor` (vLLM's own tests make their "device" tensors on ``cpu:0`` here).
+    """
+    host = install_standin(patches, locations, eager=eager, cuda=cuda, xpu=xpu)
+    stubs: dict[str, dict[str, object]] = {
+        "vllm.triton_utils": {"HAS_TRITON": False, "triton": None, "tl": None},
+        "vllm.utils.torch_utils": {"PIN_MEMORY": False, "set_random_seed": _set_random_seed},
+        "vllm.v1.kv_hints": {"KvHintsEnvelope": object},
+        "vllm.v1.kv_offload.cpu.host_register": {
+            "host_register": lambda address, size: False,
+            "host_unregister": lambda address: None,
+        },
+        "vllm.distributed.device_communicators": {},
+        "vllm.distributed.device_communicators.shm_broadcast": {
+            "check_shm_free_space": lambda *args, **kwargs: None
+        },
+        "vllm.v1.kv_offload.cpu.swap_blocks_triton": {
+            "THRESHOLD_BYTES": 1 << 20,
+            "swap_blocks_batch": swap_blocks_batch,
+        },
+    }
+    for name in _KV_BARE_PACKAGES:
+        patches.setitem(sys.modules, name, _bare(name, locations))
+    for name, attributes in stubs.items():
+        patches.setitem(sys.modules, name, _module(name, **attributes))
+    if device_tensors:  # what the caller puts in a CanonicalKVCacheTensor is on the "device"
+        tensor_class = importlib.import_module("vllm.v1.kv_offload.base").CanonicalKVCacheTensor
+        made = tensor_class.__init__
+
+        def __init__(self: Any, tensor: torch.Tensor, page_size_bytes: int) -> None:
+            made(self, tensor.as_subclass(FakeDeviceTensor), page_size_bytes)
+
+        patches.setattr(tensor_class, "__init__", __init__)
+    return host
