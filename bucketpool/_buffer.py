@@ -45,7 +45,8 @@ class Buffer:
 
     __slots__ = (
         *("address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np"),
-        *("ended", "events", "handed", "lasti", "last_tuple", "ledger", "n", "poisoned"),
+        *("ended", "events", "handed", "lasti", "lent", "lent_mode", "lent_sets", "ledger"),
+        *("n", "poisoned"),
         *("recorded", "released_at", "own_views", "site", "storage", "strict", "token"),
         *("version", "view_bytes", "views"),
     )
@@ -62,6 +63,9 @@ class Buffer:
         self.arrays_ = _fields(self.base)  # the pool's own arrays: fills write through these
         self.dtype_np = self.arrays_[0].dtype
         self.views: dict[int, Views] = {}
+        self.lent: list[tuple[Any, ...] | None] = [None, None]  # adapters': plain, inference
+        self.lent_mode = False  # which of the two the last adapter hand-out had
+        self.lent_sets = 0  # how many of the two are cached (each counts as a view set)
         self.view_bytes = 0  # what the views counted against the cap when it went idle
         self.own_views = level > 0  # debug levels: each hand-out has view sets of its own
         self.strict = level == 2  # (guarded ones)
@@ -75,7 +79,6 @@ class Buffer:
         self.recorded = 0  # events ever recorded on it: a release tells a new one by this
         self.code: object = None  # the acquire's code object and instruction (leak warnings)
         self.lasti = 0  # (~lasti: handed out through a compat adapter)
-        self.last_tuple: Any = None  # compat: (token, (order, the tuple released as) or None)
         self.site: object = None  # where the hand-out was acquired and released (tracing)
         self.released_at: object = None
         self.checksum: int | None = None  # debug levels: of the first n entries
@@ -157,8 +160,31 @@ class Buffer:
         if base.data_ptr() != self.address:
             self.address = base.data_ptr()
             self.arrays_ = _fields(base)
-        self.views = {}
+        self.views, self.lent, self.lent_sets = {}, [None, None], 0
         self.version = base._version
+
+    def lend(self, inference: bool) -> tuple[Any, ...]:
+        """(the holder) The whole fields and their arrays, for an adapter's hand-out.
+
+        At ``off`` the same objects for every hand-out in one mode (*inference*: tensors made
+        in inference mode); at the debug levels made anew, as view sets are.  The tensors
+        alias the arrays through numpy, so no holder can resize the buffer's memory.
+        """
+        found = self.lent[inference]
+        if found is None or self.own_views or self.storage.data_ptr() != self.address:
+            arrays = self.arrays  # (put back where a holder of views moved the memory)
+            found = self.lent[inference]
+            if self.strict:
+                capacity = self.bucket.capacity
+                fields = _debug.guarded_views(self, self.token, capacity)
+                found = (*fields, *_debug.guarded_arrays(self, capacity))
+            elif found is None or self.own_views:
+                found = (*map(torch.from_numpy, arrays), *arrays)
+                if not self.own_views:
+                    self.lent[inference] = found
+                    self.lent_sets += 1
+        self.lent_mode = inference
+        return found
 
     def record(self, token: int, event: Any) -> bool:
         """(the holder) Add *event* to hand-out *token*'s events; False if it is over."""
@@ -193,11 +219,11 @@ class Buffer:
 
     def views_cost(self) -> int:
         """(the holder, as its hand-out ends) The bytes its cached view sets count."""
-        return 0 if self.own_views else len(self.views) * VIEW_SET_BYTES  # (own: dropped)
+        return 0 if self.own_views else (len(self.views) + self.lent_sets) * VIEW_SET_BYTES
 
     def scrap(self) -> None:
         """(freed, outside the lock) Let go of memory and views: a stale reader finds nothing."""
-        self.views, self.last_tuple = {}, None
+        self.views, self.lent, self.lent_sets = {}, [None, None], 0
         self.base = base = new_tensor(0, self.dtype)
         self.storage = base.untyped_storage()
         self.arrays_ = _fields(base)

@@ -10,7 +10,7 @@ import weakref
 import zlib
 from collections.abc import Callable, Sequence
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ __all__ = [
     "code_line",
     "end_arrays",
     "format_site",
+    "guarded",
     "guarded_arrays",
     "guarded_views",
     "in_flight_problem",
@@ -209,6 +210,11 @@ class GuardedView(torch.Tensor):
             return tuple(guarded) if type(result) is tuple else guarded
         return _guard_if_view(result, owner)
 
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        """Pickle as a plain tensor: the guard (and its hand-out's code objects) stays here."""
+        plain: Any = self.as_subclass(torch.Tensor)
+        return plain.__reduce_ex__(protocol)
+
 
 def guarded_views(buffer: Buffer, token: int, n: int) -> tuple[torch.Tensor, ...]:
     """Cut three guarded views of *n* entries for the hand-out *token* of *buffer*."""
@@ -217,6 +223,12 @@ def guarded_views(buffer: Buffer, token: int, n: int) -> tuple[torch.Tensor, ...
     with torch._C.DisableTorchFunctionSubclass():
         plains = [buffer.base[field * capacity : field * capacity + n] for field in range(3)]
     return tuple(_guarded(plain, owner) for plain in plains)
+
+
+def guarded(tensors: Sequence[torch.Tensor], buffer: Buffer, token: int) -> tuple[Any, ...]:
+    """*tensors* of *buffer*'s whole fields as guarded views of hand-out *token*."""
+    owner = _Owner(buffer, token, buffer.bucket.capacity, buffer.site)
+    return tuple(_guarded(tensor, owner) for tensor in tensors)
 
 
 def guarded_arrays(buffer: Buffer, n: int) -> tuple[Any, Any, Any]:
@@ -236,9 +248,11 @@ def _guard_array(array: np.ndarray[Any, Any], buffer: Buffer) -> Any:
 def _guard_if_view(result: object, owner: _Owner) -> object:
     if not isinstance(result, torch.Tensor):
         return result
-    try:
-        with torch._C.DisableTorchFunctionSubclass():  # the buffer's storage, wherever it is
-            shares = result.untyped_storage()._cdata == owner.buffer.storage._cdata
+    storage = owner.buffer.storage  # the buffer's memory, wherever it is now
+    low = storage.data_ptr()
+    try:  # a storage in it: the buffer's own, or one made over it (`_handle.holding`)
+        with torch._C.DisableTorchFunctionSubclass():
+            shares = low <= result.untyped_storage().data_ptr() < low + storage.nbytes()
     except (RuntimeError, NotImplementedError):  # sparse, meta, ...: not a view of ours
         return result
     return _guarded(result, owner) if shares else result

@@ -113,7 +113,7 @@ class BufferHandle:
         pool = self._pool
         seen = buffer.recorded  # first: an event recorded after this makes the move refuse
         if exc is None and not buffer.events and not pool._watching and not owned():
-            views = len(buffer.views) * VIEW_SET_BYTES
+            views = (len(buffer.views) + buffer.lent_sets) * VIEW_SET_BYTES
             if pool._ledger.give_back(buffer, token, None, views, seen):
                 self._token = 0
                 if LATE:  # a finaliser that ran inside the move queued a release

@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
+from bucketpool import _lend
 from bucketpool._errors import ReleaseError
 from bucketpool._handle import BufferHandle
-from bucketpool._pool import ADAPTERS, BucketPool
+from bucketpool._pool import BucketPool
+from bucketpool._settings import check_count
 
 __all__ = ["install", "probe", "uninstall"]
 
@@ -42,15 +44,15 @@ class _Hold:
 
 
 def _descriptors(pool: BucketPool, n: int) -> _Triple:
-    """``_new_descriptor_buffers(n)``: a whole bucket (>= *n*) as three fresh aliases."""
-    hold = _Hold(pool.acquire(pool.bucket_capacity(n)))
-    src, dst, sizes = (view.detach() for view in hold.handle.buffers)  # only these hold it
-    for alias in (src, dst, sizes):
-        setattr(alias, _HANDLE, hold)
-    return src, dst, sizes
-
-
-ADAPTERS.add(_descriptors.__code__)  # a leak warning names vLLM's line that asked
+    """``_new_descriptor_buffers(n)``: a whole bucket (>= *n*) as three tensors that hold it."""
+    if type(n) is not int or not 0 <= n <= pool.settings.max_capacity:
+        n = check_count(n, pool.settings.max_capacity)
+    handle = _lend.lend(pool, n)
+    hold = _Hold(handle)
+    triple = typing.cast("_Triple", _lend.holding(handle, hold))
+    for tensor in triple:  # (each, for `_holder`; a slice finds it through its memory)
+        setattr(tensor, _HANDLE, hold)
+    return triple
 
 
 def _holder(triple: Sequence[object]) -> BufferHandle | None:

@@ -420,13 +420,6 @@ class Ledger:
             more = (self.parked_bytes, self.requested, self.leaks, self.tick, self.view_bytes)
             return (*counts, self.parked[:], (*active, *allocated, *totals, *more))
 
-    def note(self, buffer: Buffer, token: int, entry: tuple[int, object]) -> None:
-        """(compat `_pool`) *entry* for hand-out *token*, unless a later one was noted."""
-        with LOCK:
-            back = buffer.token in (0, -token)  # not handed out again since
-            if back and (buffer.last_tuple is None or buffer.last_tuple[0] <= token):
-                buffer.last_tuple = (token, entry)
-
     def cached_in(self, bucket: Bucket) -> list[Buffer]:
         with LOCK:
             return [*bucket.free]  # the most recently released last

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import numbers
 import sys
 import time
@@ -24,11 +23,8 @@ from bucketpool._settings import DEBUG_LEVELS, DebugLevel, Settings, check_count
 from bucketpool._stats import OutstandingBuffer, PoolStats, build_stats, outstanding_of
 from bucketpool._views import CompletionEvent
 
-__all__ = ["ADAPTERS", "BucketPool", "hand_out", "note_release", "released_tuples"]
+__all__ = ["BucketPool"]
 
-#: The code of the compat adapters' acquire calls: a leak warning names their caller's site.
-ADAPTERS: set[CodeType] = set()
-_RELEASES = itertools.count()  # orders `released_tuples` across buckets
 _new = object.__new__
 _getframe = sys._getframe
 
@@ -115,7 +111,7 @@ class BucketPool:
             bucket.free = []
             bucket.inbox.clear()
         for buffer in ledger.registry:
-            buffer.views, buffer.last_tuple = {}, None
+            buffer.views, buffer.lent, buffer.lent_sets = {}, [None, None], 0
 
     def __reduce_ex__(self, *args: object) -> typing.NoReturn:
         raise TypeError(_NO_COPY)
@@ -140,15 +136,19 @@ class BucketPool:
             raise reentered("acquire")
         frame = _getframe(1)  # the site, for a leak warning: no stack walk
         code, lasti = frame.f_code, frame.f_lasti
-        if code in ADAPTERS:  # a compat adapter's: its caller's site, marked by ~lasti
-            frame = frame.f_back or frame
-            code, lasti = frame.f_code, ~frame.f_lasti
         handle = _new(BufferHandle)  # bound inside the move: its finaliser owns the buffer
         handle._pool, handle._n = self, n
+        got: object = EMPTY  # none cached: straight to the parked buffers, then a new one
         if bucket.free or bucket.inbox:  # hints: `serve` decides
             got = self._ledger.serve(bucket, n, handle, code, lasti)
-        else:  # straight to the parked buffers, then a new one
-            got = EMPTY
+        if got is not handle or self._watching or LATE:
+            self._served(got, bucket, n, handle, code, lasti)
+        return handle
+
+    def _served(
+        self, got: object, bucket: Bucket, n: int, handle: BufferHandle, code: object, lasti: int
+    ) -> None:
+        """Finish a hand-out `Ledger.serve` answered *got*: serve it slowly, sweep, record."""
         if got is not handle:
             if got is not SWEEP:
                 got = self._serve_slowly(bucket, n, handle, code, lasti, got)
@@ -158,7 +158,6 @@ class BucketPool:
             self._handed_out(handle._buffer)
         if LATE:
             self._drain()
-        return handle
 
     def _serve_slowly(
         self, bucket: Bucket, n: int, handle: BufferHandle, code: object, lasti: int, got: object
@@ -416,28 +415,6 @@ class BucketPool:
         if owned():
             raise reentered(operation)
         self._drain()
-
-
-def hand_out(handle: BufferHandle) -> int:
-    """(a compat adapter) The token of *handle*'s hand-out, 0 once released."""
-    return handle._token
-
-
-def note_release(handle: BufferHandle, token: int, bufs: object) -> None:
-    """(a compat adapter) Note hand-out *token* was released as *bufs* (None: dropped)."""
-    if bufs is None:  # (a finaliser: never waits for the lock) the handle still holds it
-        handle._buffer.last_tuple = (token, None)
-    else:  # a late note of an older hand-out changes nothing
-        handle._pool._ledger.note(handle._buffer, token, (next(_RELEASES), bufs))
-
-
-def released_tuples(pool: BucketPool) -> list[object]:
-    """What *pool*'s cached buffers were last released as (`note_release`), most recent last."""
-    pool._outside("_pool")  # refused inside a move (the lock is taken below); drains
-    ledger = pool._ledger
-    found = [buffer.last_tuple for bucket in ledger.buckets for buffer in ledger.cached_in(bucket)]
-    released = [last[1] for last in found if last is not None and last[1] is not None]
-    return [bufs for _, bufs in sorted(released, key=lambda entry: entry[0])]
 
 
 _NO_COPY = (

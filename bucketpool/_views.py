@@ -20,6 +20,7 @@ __all__ = [
     "IntArray",
     "IntegerInput",
     "Views",
+    "fill",
     "record",
     "write",
 ]
@@ -30,7 +31,7 @@ DescriptorArrays: TypeAlias = tuple[IntArray, IntArray, IntArray]
 IntegerInput: TypeAlias = IntArray | torch.Tensor | Sequence[int | np.integer[Any]]
 
 _ndarray = np.ndarray
-_I64 = np.dtype(np.int64)
+_I64, _U64 = np.dtype(np.int64), np.dtype(np.uint64)
 _may_share = getattr(np.may_share_memory, "_implementation", np.may_share_memory)  # no dispatch
 
 
@@ -79,28 +80,13 @@ class DescriptorBuffers(NamedTuple):
             buffer = self._buffer  # type: ignore[attr-defined]
         except AttributeError:
             _not_handed_out("add_copies")
-        token = self._token  # type: ignore[attr-defined]  # before any user code runs
-        if type(step) is not int:
-            step = as_integer(step, "step", "add_copies")
-        dtype = buffer.dtype_np
-        if (  # the fast path: arrays of the pool's dtype, every check inline
-            type(first) is int
-            and type(sources) is _ndarray
-            and type(destinations) is _ndarray
-            and type(byte_counts) is _ndarray
-            and sources.dtype is dtype
-            and destinations.dtype is dtype
-            and byte_counts.dtype is dtype
-            and sources.ndim == destinations.ndim == byte_counts.ndim == 1
-            and len(sources) == len(destinations) == len(byte_counts)
-            and (not len(byte_counts) or _least(byte_counts, dtype) >= 0)
-        ):
-            plan: Plan = (first, len(sources), sources, destinations, byte_counts)
-        else:
-            plan = read_copies(first, sources, destinations, byte_counts, dtype)
-        if token <= 0 or buffer.token != token:
+        token = self._token  # type: ignore[attr-defined]
+        end = fill(
+            buffer.arrays, buffer, token, buffer.n, first, sources, destinations, byte_counts, step
+        )
+        if end is None:
             _over("add_copies", buffer)
-        return write(buffer.arrays, buffer.n, plan, "add_copies", step)
+        return end
 
     def add_block_copies(
         self,
@@ -206,6 +192,58 @@ class Views(DescriptorBuffers):
 
 
 Views.__name__ = Views.__qualname__ = "DescriptorBuffers"  # reprs say the public name
+
+
+def fill(
+    arrays: DescriptorArrays,
+    buffer: Any,
+    token: int,
+    n: int,
+    first: SupportsIndex,
+    sources: IntegerInput,
+    destinations: IntegerInput,
+    byte_counts: IntegerInput | SupportsIndex,
+    step: SupportsIndex,
+) -> int | None:
+    """`DescriptorBuffers.add_copies` into *arrays*, the first *n* entries of hand-out *token*.
+
+    Returns the entry after the last written, or None if the hand-out is over (nothing
+    written).  Columns that are fresh 1-D int64 or uint64 arrays (taken as bits) written
+    at consecutive entries are checked inline; anything else goes through `read_copies`
+    and `write`.  At ``off`` an array of byte counts is not scanned for negative ones;
+    the debug levels scan it.
+    """
+    if (
+        step == 1
+        and type(first) is int
+        and type(sources) is _ndarray
+        and type(destinations) is _ndarray
+        and type(byte_counts) is _ndarray
+        and ((kind := sources.dtype) is _I64 or kind is _U64)
+        and ((kind := destinations.dtype) is _I64 or kind is _U64)
+        and ((kind := byte_counts.dtype) is _I64 or kind is _U64)
+        and sources.ndim == destinations.ndim == byte_counts.ndim == 1
+        and sources.base is None  # not a view: no overlap with the buffer to look for
+        and destinations.base is None
+        and byte_counts.base is None
+        and first >= 0
+        and (end := first + len(sources)) <= n
+        and len(destinations) == len(byte_counts) == end - first
+        and not (buffer.own_views and end > first and _least(byte_counts, kind) < 0)
+    ):
+        if token <= 0 or buffer.token != token:
+            return None
+        src, dst, size = arrays
+        src[first:end] = sources
+        dst[first:end] = destinations
+        size[first:end] = byte_counts
+        return end
+    if type(step) is not int:
+        step = as_integer(step, "step", "add_copies")
+    plan = read_copies(first, sources, destinations, byte_counts, buffer.dtype_np)
+    if token <= 0 or buffer.token != token:
+        return None
+    return write(arrays, n, plan, "add_copies", step)
 
 
 def write(arrays: DescriptorArrays, n: int, plan: Plan, op: str, step: int = 1) -> int:

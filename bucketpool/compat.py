@@ -7,11 +7,12 @@ from typing import NamedTuple, SupportsIndex
 
 import torch
 
+from bucketpool import _lend
 from bucketpool._errors import ReleaseError, reentered
 from bucketpool._handle import BufferHandle
 from bucketpool._inputs import as_integer, read_copies
 from bucketpool._lock import owned
-from bucketpool._pool import ADAPTERS, BucketPool, hand_out, note_release, released_tuples
+from bucketpool._pool import BucketPool
 from bucketpool._settings import check_count
 from bucketpool._views import CompletionEvent, DescriptorBuffers, IntArray, IntegerInput, write
 
@@ -55,14 +56,15 @@ class AliasedDescriptorBuffers(NamedTuple):
         return write(arrays, len(self.src_np), plan, "add_copies", every)
 
 
-_HELD: dict[int, tuple[BucketPool, BufferHandle]] = {}  # id(tuple held) -> (pool, handle)
-
-
 class _Holding:
-    """A tuple an adapter hands out; its handle (in `_HELD`) holds the buffer, copies do not."""
+    """A tuple an adapter hands out: its handle (``_handle``) holds the buffer; copies do not.
+
+    The classes below have no ``__slots__``, so each tuple has a ``__dict__`` for its handle.
+    """
 
     __slots__ = ()
     _public: typing.ClassVar[type[DescriptorBuffers] | type[AliasedDescriptorBuffers]]
+    _handle: BufferHandle
 
     def __copy__(self) -> DescriptorBuffers | AliasedDescriptorBuffers:
         return self._public(*self._items())
@@ -78,27 +80,19 @@ class _Holding:
     def _items(self) -> tuple[typing.Any, ...]:
         return tuple(typing.cast("tuple[typing.Any, ...]", self))
 
-    def __del__(self) -> None:
-        if (entry := _HELD.pop(id(self), None)) is not None:  # its handle reports the leak
-            note_release(entry[1], hand_out(entry[1]), None)  # not released: not in `_pool`
+    add_copies = _lend.lent_add_copies  # (no method of its own: one call, as vLLM's)
 
-    def add_copies(self, *args: typing.Any, **kwargs: typing.Any) -> int:
-        """Write copies into the tuple's entries; see `DescriptorBuffers.add_copies`.
+    def _live(self, op: str) -> BufferHandle:
+        handle = self._handle
+        if handle.released:
+            raise self._released(op)
+        return handle
 
-        Raises:
-            ReleaseError: the tuple was released (its buffer may be another's now).
-            CapacityError, ValueError, TypeError: as for `DescriptorBuffers.add_copies`.
-        """
-        return self._handle("add_copies").add_copies(*args, **kwargs)
-
-    def _handle(self, op: str) -> BufferHandle:
-        entry = _HELD.get(id(self))
-        if entry is None:
-            raise ReleaseError(
-                f"{op}: this {type(self).__name__} was released; its buffer may be handed out "
-                "again. Write descriptors before pool.release(bufs), or acquire a new triple"
-            )
-        return entry[1]
+    def _released(self, op: str) -> ReleaseError:
+        return ReleaseError(
+            f"{op}: this {type(self).__name__} was released; its buffer may be handed out "
+            "again. Write descriptors before pool.release(bufs), or acquire a new triple"
+        )
 
     def record_event(self, event: object) -> None:
         raise TypeError(
@@ -108,20 +102,18 @@ class _Holding:
 
 
 class _HeldBuffers(_Holding, DescriptorBuffers):
-    __slots__ = ()
     _public = DescriptorBuffers
 
     def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
         """Views of the first *count* entries until release; see `DescriptorBuffers.shrink`."""
-        return self._handle("shrink").shrink(count)
+        return self._live("shrink").shrink(count)
 
     def add_block_copies(self, *args: typing.Any, **kwargs: typing.Any) -> int:
         """Write copies of whole blocks; see `DescriptorBuffers.add_block_copies`."""
-        return self._handle("add_block_copies").add_block_copies(*args, **kwargs)
+        return self._live("add_block_copies").add_block_copies(*args, **kwargs)
 
 
 class _HeldAliasedBuffers(_Holding, AliasedDescriptorBuffers):
-    __slots__ = ()
     _public = AliasedDescriptorBuffers
 
 
@@ -132,9 +124,10 @@ _Buffers = typing.TypeVar("_Buffers", DescriptorBuffers, AliasedDescriptorBuffer
 
 
 class _Adapter(typing.Generic[_Buffers]):
-    """What both adapters share, through the pool's public API (no __slots__: tests patch it)."""
+    """What both adapters share (no __slots__: tests patch it)."""
 
     _held: type[_HeldBuffers | _HeldAliasedBuffers]
+    _fields: int  # how many of a buffer's lent fields a tuple has
 
     def __init__(self, *, dtype: torch.dtype = torch.int64) -> None:
         self.pool = BucketPool(dtype=dtype)
@@ -143,20 +136,20 @@ class _Adapter(typing.Generic[_Buffers]):
     def acquire(self, n: SupportsIndex) -> _Buffers:
         """Return a triple of its bucket's whole capacity (>= *n*).  Thread-safe.
 
+        Under ``torch.inference_mode()`` its tensors are inference tensors, as vLLM's pool
+        makes them there.
+
         Raises:
             TypeError: *n* is a bool or not an integer.
             ValueError: *n* is negative or above the pool's ``max_capacity``.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
-        pool = self.pool
         if type(n) is not int or not 0 <= n <= self._max_capacity:
             n = check_count(n, self._max_capacity)
-        handle: BufferHandle = pool.acquire(pool.bucket_capacity(n))
-        fields: tuple[typing.Any, ...] = handle.buffers
-        if self._held is _HeldAliasedBuffers:
-            fields = (*fields, *handle.arrays)
-        bufs = tuple.__new__(self._held, fields)
-        _HELD[id(bufs)] = (pool, handle)  # from here on the tuple holds the buffer (an interrupt
+        handle = _lend.lend(self.pool, n)
+        fields = _lend.fields(handle, torch.is_inference_mode_enabled())
+        bufs = tuple.__new__(self._held, fields if self._fields == 6 else fields[:3])
+        bufs._handle = handle  # from here on the tuple holds the buffer (an interrupt
         return bufs  # type: ignore[return-value]  # before: the handle's finaliser does)
 
     def release(self, bufs: _Buffers, *, event: CompletionEvent | None = None) -> None:
@@ -173,33 +166,29 @@ class _Adapter(typing.Generic[_Buffers]):
                 this thread inside the pool; *bufs* stays acquired (release it after).
             BaseException: what ``event.query()`` raised; released all the same (parked).
         """
-        entry = _HELD.get(id(bufs)) if type(bufs) is self._held else None
-        if entry is None or entry[0] is not self.pool:
-            raise ReleaseError(self._refusal(bufs, entry is None and type(bufs) is self._held))
-        handle = entry[1]
-        if event is not None and not callable(getattr(event, "query", None)):
-            raise TypeError(
-                "release: event needs a query() -> bool method (torch.Event, "
-                f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
-            )
-        if event is not None and owned():  # an event cannot be recorded inside a move
-            raise reentered("release(bufs, event=...)")
-        token = hand_out(handle)
+        handle = vars(bufs).get("_handle") if type(bufs) is self._held else None
+        if handle is None or not _lend.belongs(handle, self.pool):
+            raise ReleaseError(self._refusal(bufs, handle is None and type(bufs) is self._held))
+        if event is not None:
+            if not callable(getattr(event, "query", None)):
+                raise TypeError(
+                    "release: event needs a query() -> bool method (torch.Event, "
+                    f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
+                )
+            if owned():  # an event cannot be recorded inside a move
+                raise reentered("release(bufs, event=...)")
         try:  # the handle's moves decide: of two releases of one tuple exactly one works
             if event is not None:
                 handle.record_event(event)
-            handle.release()
+            handle.__exit__(None, None, None)
         except ReleaseError:
             raise ReleaseError(self._refusal(bufs, True)) from None
-        finally:
-            if handle.released:  # (bufs lives here, so its id names no other tuple)
-                _HELD.pop(id(bufs), None)
-                note_release(handle, token, bufs)  # only now: a held one's finaliser warns
 
     @property
     def _pool(self) -> list[_Buffers]:
-        """For the host's tests: the cached tuples, as vLLM's list (docs/compat.md); a copy."""
-        return typing.cast("list[_Buffers]", released_tuples(self.pool))
+        """For the host's tests: the cached buffers' tuples, as vLLM's list (docs/compat.md)."""
+        public: typing.Any = self._held._public
+        return [public(*fields[: self._fields]) for fields in _lend.cached_fields(self.pool)]
 
     def _refusal(self, bufs: object, released: bool) -> str:
         name = type(bufs).__name__
@@ -217,9 +206,6 @@ class _Adapter(typing.Generic[_Buffers]):
         return f"<{type(self).__name__} at {id(self):#x} backed by {self.pool!r}>"
 
 
-ADAPTERS.add(_Adapter.acquire.__code__)
-
-
 @typing.final
 class DescriptorBufferPool(_Adapter[DescriptorBuffers]):
     """The original three-field pool's API (`DescriptorBuffers`), backed by a `BucketPool`.
@@ -229,6 +215,7 @@ class DescriptorBufferPool(_Adapter[DescriptorBuffers]):
     """
 
     _held = _HeldBuffers
+    _fields = 3
 
 
 @typing.final
@@ -240,3 +227,4 @@ class AliasedDescriptorBufferPool(_Adapter[AliasedDescriptorBuffers]):
     """
 
     _held = _HeldAliasedBuffers
+    _fields = 6

@@ -9,7 +9,6 @@ import pickle
 import sys
 import types
 import typing
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +20,7 @@ import torch
 from _events import DeviceError, FlagEvent, ScriptedEvent
 
 import bucketpool
-from bucketpool import BufferHandle, DebugLevel, ReleaseError
+from bucketpool import DebugLevel, ReleaseError
 from bucketpool.compat import (
     AliasedDescriptorBufferPool,
     AliasedDescriptorBuffers,
@@ -205,15 +204,14 @@ ADAPTERS = [DescriptorBufferPool, AliasedDescriptorBufferPool]
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
-def test_pool_lists_the_released_tuple_as_vllms_list_does(adapter: type[Any]) -> None:
+def test_pool_lists_the_cached_buffers_tensors_as_vllms_list_does(adapter: type[Any]) -> None:
     pool = adapter()
     bufs = pool.acquire(5)
     assert pool._pool == []
     pool.release(bufs)
     assert len(pool._pool) == 1
-    assert pool._pool == [bufs]  # all six fields of the aliased tuple: the very same objects
-    assert pool._pool[0] is bufs
-    assert [*pool._pool] == [bufs]
+    assert pool._pool == [bufs]  # every field is the very object the caller released
+    assert type(pool._pool[0]) is adapter._held._public  # a public tuple: it holds nothing
     tensor = bufs.src_ptrs
     del bufs
     again = pool.acquire(5)  # vLLM's tests: the next step's triple has the same tensors
@@ -222,15 +220,20 @@ def test_pool_lists_the_released_tuple_as_vllms_list_does(adapter: type[Any]) ->
     pool.release(again)
     assert pool._pool == [again]
     assert pool._pool[0].src_ptrs is tensor
+    with pytest.raises(ReleaseError, match="not acquired from this pool"):
+        pool.release(pool._pool[0])  # a listed tuple is no holder
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
-def test_pool_orders_by_release_across_buckets_and_is_read_only(adapter: type[Any]) -> None:
+def test_pool_lists_buckets_least_recently_used_first_and_is_read_only(
+    adapter: type[Any],
+) -> None:
     pool = adapter()
     small, large, other = pool.acquire(3), pool.acquire(300), pool.acquire(4)
     for bufs in (large, small, other):
         pool.release(bufs)
-    assert pool._pool == [large, small, other]  # the most recently released last
+    listed = [bufs.src_ptrs for bufs in pool._pool]  # bucket 512, then 16's in release order
+    assert listed == [large.src_ptrs, small.src_ptrs, other.src_ptrs]
     pool._pool.clear()  # a copy
     assert len(pool._pool) == 3
     with pytest.raises(AttributeError):
@@ -239,7 +242,7 @@ def test_pool_orders_by_release_across_buckets_and_is_read_only(adapter: type[An
     assert pool._pool[-1].src_ptrs is large.src_ptrs
 
 
-def test_pool_lists_neither_parked_nor_leaked_nor_freed_buffers() -> None:
+def test_pool_lists_the_buffers_a_next_acquire_may_return() -> None:
     pool = DescriptorBufferPool()
     event = FlagEvent()
     bufs = pool.acquire(3)
@@ -249,13 +252,13 @@ def test_pool_lists_neither_parked_nor_leaked_nor_freed_buffers() -> None:
     pool.pool.collect()
     assert pool._pool == [bufs]
     with pytest.warns(bucketpool.LeakWarning):
-        drop(pool, 3)  # the same buffer, dropped unreleased: back, but never released as bufs
-    assert pool._pool == []
+        drop(pool, 3)  # the same buffer, dropped unreleased: it comes back
+    assert pool._pool == [bufs]  # cached again, with its tensors
     kept = pool.acquire(3)
     pool.release(kept)
     view = weakref.ref(kept.src_ptrs)
     del kept, bufs
-    assert view() is not None  # cached, and its views with it
+    assert view() is not None  # cached, and its tensors with it
     pool.pool.trim(0)
     assert pool._pool == []
     assert view() is None  # `_pool` keeps nothing of a freed buffer
@@ -347,7 +350,7 @@ def test_tuples_are_instances_of_the_public_classes() -> None:
     assert isinstance(a, DescriptorBuffers)
     assert isinstance(b, AliasedDescriptorBuffers)
     assert type(a).__name__ == "DescriptorBuffers"
-    assert not hasattr(a, "__dict__")  # as light as the public tuple: it records nothing
+    assert repr(a).startswith("DescriptorBuffers(src_ptrs=tensor(")
     plain.release(a)
     aliased.release(b)
 
@@ -637,76 +640,3 @@ def test_pool_is_refused_inside_a_move() -> None:
     with bucketpool._lock.LOCK, pytest.raises(bucketpool.PoolError, match="_pool"):
         pool._pool  # noqa: B018  # a finaliser's inside a move: waiting for the lock would hang
     assert len(pool._pool) == 1
-
-
-def test_compat_pool_lists_the_tuple_released_last(monkeypatch: pytest.MonkeyPatch) -> None:
-    # docs/compat.md, `_pool`: "of the tuples last released for the buffers cached now".
-    # `release` notes the tuple (`note_release`) only after the move cached the buffer:
-    # another thread can acquire that buffer and release it as a new tuple in between, and
-    # the late note then overwrites the newer one with the stale tuple.  Forced: the other
-    # thread's acquire and release run as soon as the first release's move is over.
-    adapter = DescriptorBufferPool()
-    release = BufferHandle.release
-    others: list[object] = []
-
-    def then_another_thread(handle: BufferHandle) -> None:
-        release(handle)
-        if not others:
-            others.append(again := adapter.acquire(8))  # the buffer just cached
-            adapter.release(again)
-
-    first = adapter.acquire(8)
-    monkeypatch.setattr(BufferHandle, "release", then_another_thread)
-    adapter.release(first)
-    monkeypatch.undo()
-    listed = adapter._pool
-    assert len(listed) == 1
-    assert listed[0] is others[0]
-
-
-def test_compat_pool_lists_no_tuple_for_a_buffer_whose_tuple_was_dropped(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # docs/compat.md, `_pool`: "a buffer whose last tuple was dropped unreleased [is] not
-    # in it".  A late note of an older release checks the newest hand-out under the lock,
-    # but the dropped tuple's finaliser writes without it: a collection that runs that
-    # finaliser between the note's check and its store (the store allocates) loses the
-    # finaliser's entry, and the stale tuple is listed once the leak brings the buffer
-    # back.  Forced: the first release's note begins after another thread acquired the
-    # buffer, and that tuple is dropped at the note's store (if the note gets there).
-    adapter = DescriptorBufferPool()
-    release = BufferHandle.release
-    others: list[object] = []
-
-    def then_another_thread(handle: BufferHandle) -> None:
-        release(handle)
-        if not others:
-            others.append(adapter.acquire(8))  # the buffer just cached, held as a new tuple
-
-    def drop_at_the_store(frame: types.FrameType, event: str, arg: object) -> Any:
-        if frame.f_code is bucketpool._ledger.Ledger.note.__code__:
-            if event == "line" and others and frame.f_lineno == store_line:
-                others.clear()  # collected here: its finaliser runs (no lock taken)
-            return drop_at_the_store
-        return None
-
-    source, first_line = inspect.getsourcelines(bucketpool._ledger.Ledger.note)
-    store_line = first_line + next(
-        i for i, text in enumerate(source) if "buffer.last_tuple = (token" in text
-    )
-    first = adapter.acquire(8)
-    monkeypatch.setattr(BufferHandle, "release", then_another_thread)
-    sys.settrace(drop_at_the_store)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", bucketpool.LeakWarning)  # the dropped tuple's
-            adapter.release(first)
-            monkeypatch.undo()
-            sys.settrace(None)
-            others.clear()  # (dropped here if the note never reached its store)
-            adapter.pool.stats()  # takes back the dropped hand-out's buffer
-            listed = adapter._pool
-    finally:
-        sys.settrace(None)
-    assert adapter.pool.stats().active_requests.current == 0
-    assert listed == []

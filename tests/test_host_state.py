@@ -102,16 +102,24 @@ def test_the_compat_adapters_work_inside_the_hosts_state(
     adapter: type[DescriptorBufferPool | AliasedDescriptorBufferPool],
 ) -> None:
     pool: Any = adapter()  # either adapter: the same calls
+    inference = ambient is torch.inference_mode
     with ambient():
         first = pool.acquire(5)
-        for tensor in first[:3]:
-            _assert_plain(tensor)
+        for tensor in first[:3]:  # inference tensors where vLLM's pool makes them, as its are
+            assert (tensor.device.type, tensor.dtype) == ("cpu", torch.int64)
+            assert tensor.is_inference() is inference
         first.src_ptrs[:5].fill_(1)
         pool.release(first, event=FlagEvent(done=True))
         again = pool.acquire(5)
         assert again.src_ptrs.data_ptr() == first.src_ptrs.data_ptr()
-    again.sizes[:5].fill_(2)  # in place, outside the mode, on a tensor cut inside it
+    again.sizes[:5].numpy().fill(2)  # outside the mode, through numpy (vLLM's add_copies)
+    assert again.sizes[:5].tolist() == [2] * 5
     pool.release(again)
+    later = pool.acquire(5)  # outside the mode: plain tensors of the same memory
+    _assert_plain(later.sizes)
+    later.sizes[:5].fill_(3)
+    assert later.src_ptrs.data_ptr() == first.src_ptrs.data_ptr()
+    pool.release(later)
 
 
 def test_pinned_buffers_are_made_on_the_cpu_under_a_default_device() -> None:

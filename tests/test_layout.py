@@ -61,10 +61,11 @@ def test_no_module_is_over_450_lines(path: pathlib.Path) -> None:
     assert len(path.read_text().splitlines()) <= 450
 
 
-def test_the_package_is_at_most_3950_lines() -> None:
+def test_the_package_is_at_most_4100_lines() -> None:
     # 3,600 for the EC pool and its drop-in (issue 23); 350 more for serving vLLM's other
-    # swap_blocks_batch callers, the KV-offload handlers and HiSparse (issue 28).
-    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 3950
+    # swap_blocks_batch callers, the KV-offload handlers and HiSparse (issue 28); 150 more
+    # for the adapters' own hand-out (`_lend`), free in vLLM's real step (issue 32).
+    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4100
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
@@ -99,17 +100,29 @@ def test_a_longest_chain_is_found() -> None:
 
 @pytest.mark.parametrize("name", ["_kv_offload.py", "compat.py", "vllm.py"])
 def test_the_adapters_reach_no_private_member_of_another_modules_class(name: str) -> None:
-    # They use the pool's public API: a private name is read only on this module's own
-    # objects (self, its classes) or on a module (bucketpool._lock.LOCK, say).
+    # They use the pool's public API and the functions the core offers them: a private
+    # name is read only on this module's own objects (self, its classes), if one of its
+    # classes declares it, or on a module (bucketpool._lock.LOCK, say).
     tree = ast.parse((PACKAGE / name).read_text())
-    own = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
-    own |= {"self", "cls", "_held"}
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    own = {node.name for node in classes} | {"self", "cls", "_held"}
+    declared = {
+        target.id
+        for node in classes
+        for statement in node.body
+        if isinstance(statement, (ast.AnnAssign, ast.Assign))
+        for target in (
+            [statement.target] if isinstance(statement, ast.AnnAssign) else statement.targets
+        )
+        if isinstance(target, ast.Name)
+    }
     reached = [
         ast.unparse(node)
         for node in ast.walk(tree)
         if isinstance(node, ast.Attribute)
         and node.attr.startswith("_")
         and not node.attr.startswith("__")
+        and node.attr not in declared
         and not (isinstance(node.value, ast.Name) and node.value.id in own)
     ]
     assert reached == []

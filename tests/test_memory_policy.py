@@ -361,9 +361,9 @@ def test_a_dropped_pool_frees_its_buffers_with_the_collector_off(
     try:
         pool: typing.Any = make()
         held = pool.acquire(16)
-        views = held.buffers if isinstance(held, BufferHandle) else held
-        memory = weakref.ref(views[0]._base)
-        del views
+        (buffer,) = (pool if isinstance(pool, BucketPool) else pool.pool)._ledger.registry
+        memory = weakref.ref(buffer.base)  # the buffer's own tensor
+        del buffer
         if isinstance(held, BufferHandle):
             with held, pool.acquire(100):  # two buckets, a view set each
                 pass

@@ -22,7 +22,7 @@ from bucketpool import (
 )
 from bucketpool._buffer import VIEW_SETS, Buffer
 from bucketpool._views import Views
-from bucketpool.compat import DescriptorBufferPool
+from bucketpool.compat import AliasedDescriptorBufferPool, DescriptorBufferPool
 
 # -- views ---------------------------------------------------------------------------------
 
@@ -380,8 +380,17 @@ def test_an_op_that_failed_out_of_the_block_gets_the_views_checked(
     assert_views_intact(pool)
 
 
-@pytest.mark.parametrize("tamper", COUNTED.values(), ids=COUNTED.keys())
-def test_compat_tuples_get_repaired_views_too(tamper: Callable[[torch.Tensor], object]) -> None:
+_COMPAT_TAMPERS = {name: COUNTED[name] for name in COUNTED if not name.startswith("_base")}
+
+
+@pytest.mark.parametrize("tamper", _COMPAT_TAMPERS.values(), ids=_COMPAT_TAMPERS.keys())
+def test_compat_tuples_at_checks_get_tensors_of_their_own(
+    tamper: Callable[[torch.Tensor], object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At off a compat triple's tensors are the buffer's, as vLLM's pool keeps its own: a
+    # holder that rewrites them in place changes them for the next holder (docs/compat.md).
+    # At checks every hand-out gets tensors of its own.
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", "checks")
     compat = DescriptorBufferPool()
     bufs = compat.acquire(N)
     tamper(bufs.src_ptrs)
@@ -394,6 +403,24 @@ def test_compat_tuples_get_repaired_views_too(tamper: Callable[[torch.Tensor], o
         assert view.is_contiguous()
         assert view.data_ptr() == buffer.address + field * capacity * 8
     compat.release(again)
+
+
+@pytest.mark.parametrize("level", ["off", "checks"])
+def test_no_compat_tensor_can_move_the_buffers_memory(
+    level: DebugLevel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tensors are made over the buffer's numpy arrays, whose memory torch cannot
+    # resize: the pool's own arrays, which fills write through, never dangle.
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", level)
+    compat = AliasedDescriptorBufferPool()
+    bufs = compat.acquire(N)
+    address = bufs.src_ptrs.data_ptr()
+    with pytest.raises(RuntimeError, match="not resizable"):
+        bufs.src_ptrs.resize_(1 << 16)
+    bufs.add_copies(0, [0x1000], [0x2000], 8)
+    assert bufs.src_np[0] == 0x1000
+    assert bufs.src_ptrs.data_ptr() == address
+    compat.release(bufs)
 
 
 # -- copies of views ---------------------------------------------------------------------
