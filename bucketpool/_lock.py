@@ -15,7 +15,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-__all__ = ["LATE", "LOCK", "owned"]
+__all__ = ["LATE", "LOCK", "hold_across_forks", "owned"]
 
 #: The lock.  An RLock only for its owner test (`owned`): it is never entered twice.
 LOCK = threading.RLock()
@@ -26,14 +26,22 @@ owned: Callable[[], bool] = LOCK._is_owned  # type: ignore[attr-defined]
 LATE: list[Callable[[], object]] = []
 
 _signal = importlib.import_module("_signal")  # its C functions: signal.py's wrap them in code
-#: Each thread's own ``put_back``: a C call that sets the mask its fork noted (`_note_mask`).
-_own = threading.local()
+#: The ``os.register_at_fork`` calls that hold the lock across a fork: the first pool makes
+#: them (`hold_across_forks`), so that importing the package changes nothing process-wide.
+_HOOKS: list[Callable[[], None]] = []
+_REGISTERING = threading.Lock()
 
 
-def _note_mask() -> None:
-    # A handler raising here leaves the empty mask, set just before, to be put back.
-    mask = _signal.pthread_sigmask(signal.SIG_BLOCK, ())
-    _own.put_back = functools.partial(_signal.pthread_sigmask, signal.SIG_SETMASK, mask)
+def hold_across_forks() -> None:
+    """Hold the lock across every later ``os.fork()`` (docs/design.md, "Fork").
+
+    Every `BucketPool` calls it as it is made: the first registers the fork hooks, once.
+    Thread-safe: a pool made meanwhile by another thread waits until they all are.
+    """
+    with _REGISTERING:
+        for register in _HOOKS:
+            register()
+        _HOOKS.clear()
 
 
 def _after_the_wait() -> None:
@@ -45,26 +53,37 @@ def _after_the_wait() -> None:
     """
 
 
+def _note_mask() -> None:
+    # A handler raising here leaves the empty mask (`_Own`'s, or the last fork's) put back.
+    mask = _signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    _own.put_back = functools.partial(_signal.pthread_sigmask, signal.SIG_SETMASK, mask)
+
+
 # Held across the fork by the lock's own C methods, waited for with every signal blocked;
 # the thread's mask is put back by C calls once the lock is let go, so a handler for what
-# arrived meanwhile never runs under the lock (docs/design.md, "Fork").  The mask is the
-# thread's own (`_own`, read by the C calls as they run): other threads' forks never touch
-# it.  It is forgotten after each fork, so a fork made inside another's hooks (by a
-# handler or finaliser there) leaves that one's put back empty, never every signal
-# blocked.  Before-handlers run in the reverse order of registration, after-handlers in order.
+# arrived meanwhile never runs under the lock.  The mask is the thread's own (`_own`, read
+# by the C calls as they run): other threads' forks never touch it.  It is forgotten after
+# each fork, so a fork made inside another's hooks (by a handler or finaliser there)
+# leaves that one's put back empty, never every signal blocked; so does a fork made while
+# the first pool registers the hooks.  Before-hooks run in the reverse order of
+# registration, after-hooks in order.
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_after_the_wait)
-    os.register_at_fork(
-        before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release
+    _register = functools.partial(functools.partial, os.register_at_fork)  # made later
+    _HOOKS.append(_register(before=_after_the_wait))
+    _HOOKS.append(
+        _register(before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release)
     )
     if hasattr(signal, "pthread_sigmask"):
-        _put_back = functools.partial(operator.methodcaller("put_back"), _own)
         _none = functools.partial(_signal.pthread_sigmask, signal.SIG_SETMASK, ())
+
+        class _Own(threading.local):
+            put_back = staticmethod(_none)  # until the thread's first fork notes its mask
+
+        _own = _Own()
+        _put_back = functools.partial(operator.methodcaller("put_back"), _own)
         _forget = functools.partial(setattr, _own, "put_back", _none)
         _block = functools.partial(
             _signal.pthread_sigmask, signal.SIG_BLOCK, signal.valid_signals()
         )
-        os.register_at_fork(after_in_parent=_put_back, after_in_child=_put_back)
-        os.register_at_fork(before=_block, after_in_parent=_forget, after_in_child=_forget)
-        os.register_at_fork(before=_note_mask)
-        os.register_at_fork(before=_forget)
+        _HOOKS.append(_register(before=_block, after_in_parent=_put_back, after_in_child=_put_back))
+        _HOOKS.append(_register(before=_note_mask, after_in_parent=_forget, after_in_child=_forget))

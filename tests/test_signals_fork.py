@@ -1517,7 +1517,6 @@ os.register_at_fork = recording
 
 
 @needs_fork
-@pytest.mark.xfail(strict=True, reason="the hooks are registered on import: fixed next")
 def test_importing_the_package_changes_no_fork() -> None:
     # docs/design.md, "Fork": a process that never makes a pool pays nothing for one: no
     # fork hook, so its forks neither wait for the pool's lock nor block any signal.  The
@@ -1566,18 +1565,26 @@ def test_importing_the_package_changes_no_fork() -> None:
 
 
 @needs_fork
-@pytest.mark.xfail(strict=True, reason="the hooks are registered on import: fixed next")
 def test_two_threads_making_their_first_pools_at_once_register_the_fork_hooks_once() -> None:
     # Forced: the first pool's thread is held inside its first registration until the
     # other thread is seen waiting to register (or a failure guard's deadline passes).
+    # Before the last registration it forks: with some hooks registered, and not others,
+    # that fork must still leave no signal blocked.
     script = _RECORD_FORK_HOOKS + textwrap.dedent(
         """
         sys.path.insert(0, "tests")
-        from _helpers import waiting_at
+        from _helpers import exit_child, fork, wait_for_child, waiting_at
         from bucketpool import BucketPool
         first_in, seen, made = threading.Event(), [], []
 
+        def blocks_usr1():
+            return signal.SIGUSR1 in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+
         def on_register(count):
+            if count == 4:
+                if (pid := fork()) == 0:
+                    exit_child(lambda: blocks_usr1())
+                seen.append(("forked half-registered", blocks_usr1(), wait_for_child(pid)))
             if count == 1:
                 first_in.set()
                 deadline = time.monotonic() + 60  # a failure guard only
@@ -1604,4 +1611,6 @@ def test_two_threads_making_their_first_pools_at_once_register_the_fork_hooks_on
     result = run_script(script, timeout=300)
     assert result.returncode == 0, result.stderr
     # Each pool was made once every hook was registered: by the first of them, once.
-    assert result.stdout.strip() == "[True] [4, 4] 4 {'bucketpool._lock'}"
+    assert result.stdout.strip() == (
+        "[True, ('forked half-registered', False, 0)] [4, 4] 4 {'bucketpool._lock'}"
+    )
