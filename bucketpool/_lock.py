@@ -29,7 +29,9 @@ _signal = importlib.import_module("_signal")  # its C functions: signal.py's wra
 #: The ``os.register_at_fork`` calls that hold the lock across a fork: the first pool makes
 #: them (`hold_across_forks`), so that importing the package changes nothing process-wide.
 _HOOKS: list[Callable[[], None]] = []
-_REGISTERING = threading.Lock()
+# An RLock: a pool that a finaliser makes inside the first registration (a collection can
+# run there) registers the rest itself rather than wait for its own thread.
+_REGISTERING = threading.RLock()
 
 
 def hold_across_forks() -> None:
@@ -38,10 +40,11 @@ def hold_across_forks() -> None:
     Every `BucketPool` calls it as it is made: the first registers the fork hooks, once.
     Thread-safe: a pool made meanwhile by another thread waits until they all are.
     """
-    with _REGISTERING:
-        for register in _HOOKS:
-            register()
-        _HOOKS.clear()
+    if _HOOKS:  # emptied once every hook is registered: later pools take no lock
+        with _REGISTERING:
+            for register in _HOOKS:
+                register()
+            _HOOKS.clear()
 
 
 def _after_the_wait() -> None:
