@@ -47,13 +47,11 @@ def hold_across_forks() -> None:
             _HOOKS.clear()
 
 
+# Python runs the handler of a signal another thread caught during the wait at this thread's
+# next bytecode: here, where what it raises harms nothing, not in the next library's fork
+# hook (logging's, whose lock it would leave unbalanced).
 def _after_the_wait() -> None:
-    """Where Python runs the handler of a signal another thread caught during the wait.
-
-    Python runs it at this thread's next bytecode: here, where what it raises harms
-    nothing, rather than in the next library's fork hook (logging's, whose lock it
-    would leave unbalanced).
-    """
+    """Nothing: where that handler runs."""
 
 
 def _note_mask() -> None:
