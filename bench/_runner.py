@@ -30,6 +30,7 @@ import torch
 from bench._cases import Case, DebugCase, FillStepCase, TraceCase
 from bench._compat import CompatCase
 from bench._fills import FILL_SIZES, FillsCase
+from bench._fork import ForkCase, forks_for
 from bench._kv_offload import KvOffloadCase
 from bench._parked import CollectCase, EventedCase, ParkedCase, ParkedStuckCase
 from bench._stats import RESOLUTION, Measurement
@@ -125,6 +126,7 @@ def build_cases(settings: Settings, traces: Sequence[Trace], kinds: Iterable[str
         "debug": lambda: [DebugCase(s.min_pass_ns, s.ops)],
         "compat": lambda: [CompatCase()],
         "kv-offload": lambda: [KvOffloadCase(s.seed)],
+        "fork": lambda: [ForkCase(forks_for(s.ops))],
     }
     assert tuple(makers) == CASE_KINDS, "every kind --trace names has its cases"
     cases: list[Case] = [TraceCase(trace) for trace in traces]

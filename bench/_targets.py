@@ -128,6 +128,7 @@ GOALS: tuple[TargetSpec, ...] = (
     _goal(("debug",), "checks/off", "<=", 3.0, "debug='checks' affordable"),
     _goal(("fills-*",), "add_block_copies-consecutive/add_copies", "<=", 5, "block fill"),
     _goal(("fills-*",), "add_block_copies-shuffled/add_copies", "<=", 5, "block fill"),
+    _goal(("fork",), "fork with hooks/without", "<=", 1.1, "the pool's fork hooks cost little"),
 )
 #: Every target, promises first.
 TARGETS: tuple[TargetSpec, ...] = PROMISES + GOALS

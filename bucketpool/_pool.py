@@ -18,7 +18,7 @@ from bucketpool._buffer import Bucket, Buffer
 from bucketpool._errors import InFlightWriteError, ReleaseError, reentered
 from bucketpool._handle import BufferHandle
 from bucketpool._ledger import CACHE, EMPTY, SETTLE, SWEEP, Entry, Ledger
-from bucketpool._lock import LATE, owned
+from bucketpool._lock import LATE, hold_across_forks, owned
 from bucketpool._settings import DEBUG_LEVELS, DebugLevel, Settings, check_count, check_non_negative
 from bucketpool._stats import OutstandingBuffer, PoolStats, build_stats, outstanding_of
 from bucketpool._views import CompletionEvent
@@ -73,6 +73,7 @@ class BucketPool:
         debug: DebugLevel | None = None,
         trace: bool | None = None,
     ) -> None:
+        hold_across_forks()  # the first pool registers the fork hooks
         arguments = dict(locals())  # every keyword argument is a setting
         del arguments["self"]
         self._settings = s = _settings.resolve_settings(arguments)

@@ -4,12 +4,16 @@
 uses it: ``acquire(n)``, three ``[:n]`` slices, ``release(bufs)``.  The only change is the
 import.  The example then shows what the drop-in adds (a double release is refused, reuse
 can wait for an event) and, where vLLM is installed, ``bucketpool.vllm.install()``, which
-makes vLLM's own code use the drop-in without the import being changed.
+makes vLLM's own code use the drop-in without the import being changed; where it is not,
+it says why (``.vllm/site``, where ``.ci/setup`` puts vLLM for the tests, is no install)
+and how to install it.
 
 Run it as ``python examples/compat_switch.py``.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -19,6 +23,9 @@ from bucketpool import ReleaseError
 # from vllm.distributed.ec_transfer.ec_connector.cpu.worker.descriptor_buffers import (
 #     DescriptorBufferPool, DescriptorBuffers)
 from bucketpool.compat import DescriptorBufferPool, DescriptorBuffers
+
+#: Where the repository's `.ci/setup` installs vLLM's wheel for the tests, on no path.
+SETUP_SITE = Path(__file__).resolve().parent.parent / ".vllm" / "site"
 
 
 def build_step(pool: DescriptorBufferPool, copies: list[tuple[int, int, int]]) -> DescriptorBuffers:
@@ -61,8 +68,14 @@ def main() -> int:
 
     try:
         bucketpool.vllm.install()
-    except ImportError:
+    except ImportError as error:
         print("vLLM is not installed here: bucketpool.vllm.install() needs it")
+        if (SETUP_SITE / "vllm").is_dir():
+            print(
+                ".vllm/site does not count: .ci/setup installs vLLM's wheel there for the "
+                "tests only, without its dependencies, and no sys.path entry leads to it"
+            )
+        print(f"install() said how to install it: {error}")
     else:
         print(f"bucketpool.vllm.install(): installed() is {bucketpool.vllm.installed()}")
         bucketpool.vllm.uninstall()

@@ -142,7 +142,7 @@ def test_families_select_their_traces_and_cases(
     loguniform = ["loguniform-w1", "loguniform-w4", "loguniform-w16"]
     assert chosen[0] == [*loguniform, "parked-10000", "evented", "parked-stuck", "collect"]
     assert chosen[1] == ["fills-16", "fills-64", "fills-256", "fills-4096", "fills-65536"]
-    assert len(chosen[2]) == 12 + 5 + 1 + 4 + 3  # every trace and case
+    assert len(chosen[2]) == 12 + 5 + 1 + 4 + 4  # every trace and case
     capsys.readouterr()
 
 

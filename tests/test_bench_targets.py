@@ -24,6 +24,7 @@ CASES = [
     "debug",
     "compat",
     "kv-offload",
+    "fork",
 ]
 
 

@@ -24,6 +24,7 @@ DOCUMENTS = [README, *PAGES]
 NOT_RUN = {"sh", "text", "toml"}
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([^\s`{]*)", re.MULTILINE)
 _LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
+_NAMED_PAGE = re.compile(r"`([\w./-]+\.md)`")
 
 
 def _name(path: Path) -> str:
@@ -69,6 +70,17 @@ def test_readme_starts_with_the_two_commands() -> None:
     lines = [line.split("#", 1)[0].strip() for line in first_block.splitlines()]
     assert lines == ["bash .ci/setup && .venv/bin/python -m bench", "bash .ci/run"]
     assert text.index("```sh") < text.index("## ")  # before any section
+
+
+def test_readme_works_on_an_index_page() -> None:
+    # The README is the package's long description (pyproject's `readme`). On an index page a
+    # relative link leads nowhere, and the project has no public host to link to instead, so
+    # the README names the files (`docs/install.md`, in the checkout and the sdist).
+    text = README.read_text(encoding="utf-8")
+    relative = [target for target, _anchor in _LINK.findall(text) if "://" not in target]
+    assert relative == [], f"README.md links to {relative}: name the files instead"
+    for name in _NAMED_PAGE.findall(text):
+        assert (ROOT / name).exists(), f"README.md names {name}"
 
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=_name)

@@ -73,7 +73,7 @@ def test_events() -> None:
 
 
 def test_compat_switch() -> None:
-    capacity, refused, backed, switch = run_example("compat_switch.py")
+    capacity, refused, backed, switch, *why = run_example("compat_switch.py")
     assert capacity == "acquire(5) gave a triple of capacity 16"
     assert refused.startswith("a second release is refused: release: this DescriptorBuffers")
     assert backed.startswith("backed by <BucketPool")
@@ -82,8 +82,16 @@ def test_compat_switch() -> None:
         import vllm  # noqa: F401
     except ImportError:
         assert switch == "vLLM is not installed here: bucketpool.vllm.install() needs it"
+        # After .ci/setup, the vLLM in .vllm/site (for the tests) is explained away.
+        set_up = (ROOT / ".vllm" / "site" / "vllm").is_dir()
+        assert len(why) == 1 + set_up, why
+        if set_up:
+            assert why[0].startswith(".vllm/site does not count: .ci/setup installs vLLM's")
+        assert why[-1].startswith("install() said how to install it: ")
+        assert "pip install vllm" in why[-1]
     else:  # pragma: no cover - only where vLLM is installed
         assert switch == "bucketpool.vllm.install(): installed() is True"
+        assert why == []
 
 
 @pytest.mark.parametrize("name", ["compat_switch", "events", "worker"])

@@ -1180,10 +1180,11 @@ def test_a_signal_another_thread_caught_during_the_forks_wait_keeps_the_forkers_
 ) -> None:
     # docs/design.md, "Fork": the thread's own mask is put back.  A process-directed signal
     # (Ctrl-C) during the wait is caught by a thread that does not block it; Python runs
-    # the handler in the main thread at its next bytecode: `_publish_mask`'s, under the lock,
-    # where its exception leaves `_MASK` as the previous fork (another thread's) left it,
-    # and that mask is "restored" (SIGUSR2 blocked in the main thread for good).  Forced:
-    # the lock holder catches SIGUSR1 itself once the fork waits.
+    # the handler in the main thread at its next bytecode.  That was once `_publish_mask`'s,
+    # under the lock, where its exception left a mask shared by every fork as the previous
+    # fork (another thread's) left it (SIGUSR2 blocked in the main thread for good); with
+    # no Python step of the pool's after the wait, it was logging's fork hook, whose lock
+    # it left unbalanced.  Forced: the lock holder catches SIGUSR1 itself once the fork waits.
     _ignore_injected(monkeypatch)
     BucketPool()
     main = threading.current_thread()
@@ -1237,10 +1238,10 @@ def test_a_signal_another_thread_caught_during_the_forks_wait_keeps_the_forkers_
 def test_an_interrupt_as_the_fork_puts_the_mask_back_leaves_no_signal_blocked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # docs/design.md, "Fork": "one C call puts the thread's own signal mask back".  The
-    # after-fork `_restore` (and the before-fork `_block`) are partials of
+    # docs/design.md, "Fork": C calls put the thread's own signal mask back.  The
+    # after-fork put-back (and the before-fork `_block`) were once partials of
     # `signal.pthread_sigmask`, which is Python (signal.py wraps `_signal`'s): a handler's
-    # exception at its first line (a signal another thread caught during the fork) leaves
+    # exception at its first line (a signal another thread caught during the fork) left
     # every signal blocked in the forking thread for good.  `InterruptAt` never counts this
     # point (its caller is the fork, not the package).  Forced: the interrupt lands there.
     _ignore_injected(monkeypatch)
@@ -1389,3 +1390,227 @@ def test_a_fork_made_while_another_puts_its_mask_back_keeps_its_own_mask(
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGUSR1, previous)
     assert other_mask == [set()]
+
+
+@needs_fork
+def test_two_threads_forking_at_once_each_get_their_own_mask_back() -> None:
+    # docs/design.md, "Fork": each forking thread gets its own mask back, whatever other
+    # threads fork meanwhile.  Forced: the main thread (nothing blocked) forks; a signal
+    # sent to it under the lock is handled as its mask is put back, after the lock is let
+    # go, and the handler has a second thread (SIGUSR2 blocked) fork, which waits in a
+    # fork hook that runs after the pool's (as logging's does) until the first fork is
+    # over.  A mask shared between forks was emptied there by the first one's cleanup: the
+    # second thread and its child came out with every signal unblocked.  In a fresh
+    # interpreter: a fork hook stays for good, and this one must come before the pool's.
+    script = textwrap.dedent(
+        """
+        import os, signal, sys, threading
+        USR2 = {signal.SIGUSR2}
+        published, first_done = threading.Event(), threading.Event()
+        seen, got = [], []
+
+        def after_the_pools_hooks():  # (registered first, so run last)
+            if threading.current_thread() is second:
+                published.set()
+                seen.append(("second, under the lock", _lock.owned(), first_done.wait(60)))
+            elif not seen:  # the first fork: handled as its mask is put back
+                seen.append(("first, under the lock", _lock.owned()))
+                signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+        def handler(signum, frame):
+            back = frame.f_code is fork.__code__ and not _lock.owned()  # in the C after-hooks
+            second.start()
+            seen.append(("first, putting its mask back", back, published.wait(60)))
+
+        def fork_with_usr2_blocked():
+            signal.pthread_sigmask(signal.SIG_BLOCK, USR2)
+            if (pid := fork()) == 0:
+                exit_child(lambda: 0 if signal.pthread_sigmask(signal.SIG_BLOCK, ()) == USR2 else 4)
+            got.append(signal.pthread_sigmask(signal.SIG_BLOCK, ()) == USR2)
+            got.append(wait_for_child(pid))
+
+        os.register_at_fork(before=after_the_pools_hooks)
+        sys.path.insert(0, "tests")
+        from _helpers import exit_child, fork, wait_for_child
+        from bucketpool import BucketPool, _lock
+        BucketPool()
+        second = threading.Thread(target=fork_with_usr2_blocked)
+        signal.signal(signal.SIGUSR1, handler)
+        if (pid := fork()) == 0:
+            exit_child(lambda: 0)
+        first_done.set()
+        second.join(60)
+        print(seen)
+        print(got, wait_for_child(pid), signal.pthread_sigmask(signal.SIG_BLOCK, ()))
+        """
+    )
+    result = run_script(script, timeout=300)
+    assert result.returncode == 0, result.stderr
+    situation, outcome = result.stdout.splitlines()
+    assert situation == str(
+        [
+            ("first, under the lock", True),
+            ("first, putting its mask back", True, True),
+            ("second, under the lock", True, True),
+        ]
+    )
+    assert outcome == "[True, 0] 0 set()"  # the second thread's mask, its child's, the first's
+
+
+@needs_fork
+def test_a_fork_inside_another_forks_hooks_leaves_no_signal_blocked() -> None:
+    # docs/design.md, "Fork": a fork made inside another's hooks (by a handler or finaliser
+    # there) keeps every signal blocked while the outer fork holds the lock, and leaves the
+    # outer one's mask to be put back empty, never every signal blocked.  Forced: a fork
+    # hook that runs after the pool's forks once more.  In a fresh interpreter: a fork hook
+    # stays for good, and this one must come after the hooks of what torch imports (a fork
+    # inside those waits for their locks) and before the pool's.
+    script = textwrap.dedent(
+        """
+        import os, signal, sys
+        import torch
+        EVERY = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+        inner = []
+
+        def fork_inside():
+            if not inner:
+                inner.append(_lock.owned())
+                if (pid := fork()) == 0:
+                    exit_child(lambda: 0)
+                inner.append(signal.pthread_sigmask(signal.SIG_BLOCK, ()) == EVERY)
+                inner.append(wait_for_child(pid))
+
+        os.register_at_fork(before=fork_inside)
+        sys.path.insert(0, "tests")
+        from _helpers import exit_child, fork, wait_for_child
+        from bucketpool import BucketPool, _lock
+        BucketPool()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+        if (pid := fork()) == 0:
+            exit_child(lambda: 0)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        print(inner, wait_for_child(pid), mask <= {signal.SIGUSR2}, _lock.owned())
+        """
+    )
+    result = run_script(script, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[True, True, 0] 0 True False"
+
+
+#: (a script's start) Every ``os.register_at_fork`` call the package makes, by module.
+_RECORD_FORK_HOOKS = """
+import os, signal, sys, threading, time
+registered, real = [], os.register_at_fork
+
+def recording(**hooks):
+    caller = sys._getframe(1).f_globals["__name__"]
+    if caller.startswith("bucketpool"):
+        registered.append(caller)
+        on_register(len(registered))
+    real(**hooks)
+
+def on_register(count):
+    pass
+
+os.register_at_fork = recording
+"""
+
+
+@needs_fork
+def test_importing_the_package_changes_no_fork() -> None:
+    # docs/design.md, "Fork": a process that never makes a pool pays nothing for one: no
+    # fork hook, so its forks neither wait for the pool's lock nor block any signal.  The
+    # first pool registers them.  Forced: a thread holds the lock as the process forks; it
+    # lets go once the fork is seen waiting for it, or over.  In a fresh interpreter.
+    script = _RECORD_FORK_HOOKS + textwrap.dedent(
+        """
+        import bucketpool, bucketpool.compat, bucketpool.testing, bucketpool.vllm
+        from bucketpool import _lock
+        sys.path.insert(0, "tests")
+        from _helpers import blocked_in_fork_handler, exit_child, fork, wait_for_child
+        main, mask = threading.current_thread(), signal.pthread_sigmask(signal.SIG_BLOCK, ())
+
+        def fork_while_the_lock_is_held():
+            held, forked, waited = threading.Event(), threading.Event(), []
+
+            def hold():
+                with _lock.LOCK:
+                    held.set()
+                    deadline = time.monotonic() + 60  # a failure guard only
+                    while not (forked.is_set() or blocked_in_fork_handler(main)):
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0)
+                    waited.append(blocked_in_fork_handler(main))
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            held.wait()
+            if (pid := fork()) == 0:
+                exit_child(lambda: 0 if signal.pthread_sigmask(signal.SIG_BLOCK, ()) == mask else 4)
+            forked.set()
+            holder.join()
+            after = signal.pthread_sigmask(signal.SIG_BLOCK, ()) == mask
+            return (len(registered), waited[0], wait_for_child(pid), after)
+
+        print(fork_while_the_lock_is_held())
+        bucketpool.BucketPool()
+        print(fork_while_the_lock_is_held())
+        """
+    )
+    result = run_script(script, timeout=300)
+    assert result.returncode == 0, result.stderr
+    # (hooks registered, the fork waited for the lock, the child's mask, the parent's)
+    assert result.stdout.splitlines() == ["(0, False, 0, True)", "(4, True, 0, True)"]
+
+
+@needs_fork
+def test_two_threads_making_their_first_pools_at_once_register_the_fork_hooks_once() -> None:
+    # Forced: the first pool's thread is held inside its first registration until the
+    # other thread is seen waiting to register (or a failure guard's deadline passes).
+    # Before the last registration it forks: with some hooks registered, and not others,
+    # that fork must still leave no signal blocked.
+    script = _RECORD_FORK_HOOKS + textwrap.dedent(
+        """
+        sys.path.insert(0, "tests")
+        from _helpers import exit_child, fork, wait_for_child, waiting_at
+        from bucketpool import BucketPool
+        first_in, seen, made = threading.Event(), [], []
+
+        def blocks_usr1():
+            return signal.SIGUSR1 in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+
+        def on_register(count):
+            if count == 4:
+                if (pid := fork()) == 0:
+                    exit_child(lambda: blocks_usr1())
+                seen.append(("forked half-registered", blocks_usr1(), wait_for_child(pid)))
+            if count == 1:
+                first_in.set()
+                deadline = time.monotonic() + 60  # a failure guard only
+                while not waiting_at(second, "with _REGISTERING:"):
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0)
+                seen.append(waiting_at(second, "with _REGISTERING:"))
+
+        def make_a_pool():
+            BucketPool()
+            made.append(len(registered))
+
+        first, second = (threading.Thread(target=make_a_pool) for _ in range(2))
+        first.start()
+        first_in.wait(60)
+        second.start()
+        for thread in (first, second):
+            thread.join(60)
+        BucketPool()
+        print(seen, made, len(registered), set(registered))
+        """
+    )
+    result = run_script(script, timeout=300)
+    assert result.returncode == 0, result.stderr
+    # Each pool was made once every hook was registered: by the first of them, once.
+    assert result.stdout.strip() == (
+        "[True, ('forked half-registered', False, 0)] [4, 4] 4 {'bucketpool._lock'}"
+    )
