@@ -57,13 +57,17 @@ def _descriptors(pool: BucketPool, n: int) -> _Triple:
 
 def _holder(triple: Sequence[object]) -> BufferHandle | None:
     """The handle *triple*'s tensors hold; None for a triple bucketpool did not hand out."""
-    found = [getattr(each, "__dict__", {}).get(_HANDLE) for each in triple]
-    if any(found) and (len(found) != 3 or found.count(found[0]) != 3):
+    hold = getattr(triple[0], "__dict__", {}).get(_HANDLE) if len(triple) == 3 else None
+    if hold is None and not any(getattr(each, "__dict__", {}).get(_HANDLE) for each in triple):
+        return None
+    if hold is None or any(
+        getattr(each, "__dict__", {}).get(_HANDLE) is not hold for each in triple
+    ):
         raise ReleaseError(
-            f"these {len(found)} tensors are not one triple of _new_descriptor_buffers(n) "
+            f"these {len(triple)} tensors are not one triple of _new_descriptor_buffers(n) "
             "(they mix hand-outs, or lack one); append the three it returned, together"
         )
-    return typing.cast("_Hold", found[0]).handle if any(found) else None
+    return typing.cast("_Hold", hold).handle
 
 
 class _Returns(list[_Triple]):
@@ -78,7 +82,7 @@ class _Returns(list[_Triple]):
         handle = _holder(triple)
         if handle is None:
             super().append(triple)
-        else:
+        elif not _lend.give_back(handle):
             handle.release()
 
 

@@ -14,7 +14,8 @@ of tensors is made once per buffer or once per hand-out:
   hand-out's hold alive: a tensor, a slice or an array of one holds it.
 
 Both kinds are made over the buffer's numpy arrays (``torch.from_numpy``), so no holder can
-resize the memory the pool's arrays write through.
+resize the memory the pool's arrays write through.  A *pool* here is a `BucketPool` (not
+imported: the adapters' rooms stay one floor above the pool's).
 """
 
 from __future__ import annotations
@@ -26,21 +27,23 @@ import numpy as np
 import torch
 
 from bucketpool import _debug
+from bucketpool._buffer import VIEW_SET_BYTES
 from bucketpool._errors import ReleaseError, reentered
 from bucketpool._handle import BufferHandle
 from bucketpool._ledger import EMPTY
 from bucketpool._lock import LATE, owned
-from bucketpool._pool import BucketPool
-from bucketpool._views import IntegerInput, fill
+from bucketpool._settings import check_count
+from bucketpool._views import CompletionEvent
 
-__all__ = ["belongs", "cached_fields", "fields", "holding", "lend", "lent_add_copies"]
+__all__ = ["acquire", "cached_fields", "give_back", "holding", "lend", "release"]
 
 _getframe = sys._getframe
 _new = object.__new__
+_inference = torch.is_inference_mode_enabled
 
 
-def lend(pool: BucketPool, n: int) -> BufferHandle:
-    """(an adapter) A hand-out of *n*'s whole bucket (*n* checked); its site: the adapter's caller.
+def lend(pool: Any, n: int, depth: int = 2) -> BufferHandle:
+    """(an adapter) A hand-out of *n*'s whole bucket (*n* checked), for the site *depth* up.
 
     Raises:
         PoolError: called from a finaliser that interrupted this thread inside the pool.
@@ -48,7 +51,7 @@ def lend(pool: BucketPool, n: int) -> BufferHandle:
     bucket = pool._by_bits[((n or 1) - 1).bit_length()]
     if owned():
         raise reentered("acquire")
-    frame = _getframe(2)  # ~lasti: the site of an adapter's hand-out (its advice differs)
+    frame = _getframe(depth)  # ~lasti: the site of an adapter's hand-out (its advice differs)
     code, lasti, n = frame.f_code, ~frame.f_lasti, bucket.capacity
     handle = _new(BufferHandle)
     handle._pool, handle._n = pool, n
@@ -60,7 +63,7 @@ def lend(pool: BucketPool, n: int) -> BufferHandle:
     return handle
 
 
-def cached_fields(pool: BucketPool) -> list[tuple[object, ...]]:
+def cached_fields(pool: Any) -> list[tuple[object, ...]]:
     """(compat `_pool`) The `fields` of *pool*'s cached buffers that an adapter handed out.
 
     Bucket by bucket, the least recently used first; in each, the most recently cached last.
@@ -76,46 +79,67 @@ def cached_fields(pool: BucketPool) -> list[tuple[object, ...]]:
     return found
 
 
-def fields(handle: BufferHandle, inference: bool) -> tuple[Any, ...]:
-    """(a compat adapter) The whole fields of *handle*'s new hand-out (see `Buffer.lend`)."""
+def acquire(adapter: Any, n: SupportsIndex) -> Any:
+    """A compat adapter's ``acquire(n)``: a tuple of the whole bucket that holds the hand-out."""
+    pool = adapter.pool
+    if type(n) is not int or not 0 <= n <= pool._max_capacity:
+        n = check_count(n, pool._max_capacity)
+    handle = lend(pool, n, 3)
     buffer = handle._buffer
-    found = buffer.lent[inference]  # `Buffer.lend`'s usual case, without a call
-    if found is None or buffer.own_views or buffer.storage.data_ptr() != buffer.address:
-        return buffer.lend(inference)
-    buffer.lent_mode = inference
-    return found
+    inference = _inference()
+    fields = buffer.lent[inference]  # `Buffer.lend`'s usual case, without a call
+    if fields is None or buffer.own_views or buffer.storage.data_ptr() != buffer.address:
+        fields = buffer.lend(inference)
+    else:
+        buffer.lent_mode = inference
+    bufs = tuple.__new__(adapter._held, fields if adapter._fields == 6 else fields[:3])
+    bufs._buffer, bufs._token = buffer, handle._token  # what it fills (as views do)
+    bufs._handle = handle  # from here on the tuple holds the buffer (an interrupt before:
+    return bufs  # the handle's finaliser does)
 
 
-def belongs(handle: BufferHandle, pool: object) -> bool:
-    """(a compat adapter) Whether *pool* handed *handle* out."""
-    return handle._pool is pool
+def release(adapter: Any, bufs: object, event: CompletionEvent | None) -> None:
+    """A compat adapter's ``release(bufs, event=...)`` (see ``compat._Adapter.release``)."""
+    if type(bufs) is not adapter._held:  # (a copy or pickle of one is a public tuple)
+        raise ReleaseError(adapter._refusal(bufs, False))
+    handle = bufs._handle  # type: ignore[attr-defined]
+    pool = handle._pool
+    if pool is not adapter.pool:
+        raise ReleaseError(adapter._refusal(bufs, False))
+    if event is None and give_back(handle):
+        return
+    if event is not None:
+        if not callable(getattr(event, "query", None)):
+            raise TypeError(
+                "release: event needs a query() -> bool method (torch.Event, "
+                f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
+            )
+        if owned():  # an event cannot be recorded inside a move
+            raise reentered("release(bufs, event=...)")
+    try:  # the handle's moves decide: of two releases of one tuple exactly one works
+        if event is not None:
+            handle.record_event(event)
+        handle.__exit__(None, None, None)
+    except ReleaseError:
+        raise ReleaseError(adapter._refusal(bufs, True)) from None
 
 
-def lent_add_copies(
-    bufs: Any,
-    first: SupportsIndex,
-    sources: IntegerInput,
-    destinations: IntegerInput,
-    byte_counts: IntegerInput | SupportsIndex,
-    *,
-    step: SupportsIndex = 1,
-) -> int:
-    """A compat tuple's ``add_copies``: `DescriptorBuffers.add_copies` over its whole bucket.
+def give_back(handle: BufferHandle) -> bool:
+    """Release *handle* if the move is all it takes (`BufferHandle.__exit__`'s usual case).
 
-    Raises:
-        ReleaseError: the tuple was released (its buffer may be another's now).
-        CapacityError, ValueError, TypeError: as for `DescriptorBuffers.add_copies`.
+    False: it takes more (events, a debug level, the caps); the caller releases it as usual.
     """
-    handle = bufs._handle
-    buffer = handle._buffer  # its memory cannot move during the hand-out (`Buffer.lend`)
-    args = (first, sources, destinations, byte_counts, step)
-    end = fill(buffer.arrays_, buffer, handle._token, buffer.bucket.capacity, *args)
-    if end is None:
-        raise ReleaseError(
-            f"add_copies: this {type(bufs).__name__} was released; its buffer may be handed "
-            "out again. Write descriptors before pool.release(bufs), or acquire a new triple"
-        )
-    return end
+    buffer, token = handle._buffer, handle._token
+    pool = handle._pool
+    if token <= 0 or buffer.token != token or buffer.events or pool._watching or owned():
+        return False
+    views = (len(buffer.views) + buffer.lent_sets) * VIEW_SET_BYTES
+    if not pool._ledger.give_back(buffer, token, None, views, buffer.recorded):
+        return False
+    handle._token = 0
+    if LATE:  # a finaliser that ran inside the move queued a release
+        pool._drain()
+    return True
 
 
 class _Carrier(np.ndarray[Any, Any]):

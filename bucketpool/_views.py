@@ -20,7 +20,6 @@ __all__ = [
     "IntArray",
     "IntegerInput",
     "Views",
-    "fill",
     "record",
     "write",
 ]
@@ -32,6 +31,7 @@ IntegerInput: TypeAlias = IntArray | torch.Tensor | Sequence[int | np.integer[An
 
 _ndarray = np.ndarray
 _I64, _U64 = np.dtype(np.int64), np.dtype(np.uint64)
+_WORDS = (_I64, _U64)
 _may_share = getattr(np.may_share_memory, "_implementation", np.may_share_memory)  # no dispatch
 
 
@@ -80,13 +80,37 @@ class DescriptorBuffers(NamedTuple):
             buffer = self._buffer  # type: ignore[attr-defined]
         except AttributeError:
             _not_handed_out("add_copies")
-        token = self._token  # type: ignore[attr-defined]
-        end = fill(
-            buffer.arrays, buffer, token, buffer.n, first, sources, destinations, byte_counts, step
-        )
-        if end is None:
-            _over("add_copies", buffer)
-        return end
+        token = self._token  # type: ignore[attr-defined]  # before any user code runs
+        if (  # fresh 1-D int64 or uint64 arrays (taken as bits), consecutive: checked inline
+            step == 1
+            and type(first) is int
+            and type(sources) is _ndarray
+            and type(destinations) is _ndarray
+            and type(byte_counts) is _ndarray
+            and sources.dtype in _WORDS
+            and destinations.dtype in _WORDS
+            and byte_counts.dtype in _WORDS
+            and sources.base is None  # not a view: no overlap with the buffer to look for
+            and destinations.base is None
+            and byte_counts.base is None
+            and first >= 0
+            and (end := first + len(sources)) <= buffer.n
+            and (end - first,) == sources.shape == destinations.shape == byte_counts.shape
+            and not (buffer.own_views and end > first and _least(byte_counts) < 0)  # (off: no)
+        ):
+            if token <= 0 or buffer.token != token:
+                _over("add_copies", buffer, self)
+            src, dst, size = buffer.arrays
+            src[first:end] = sources
+            dst[first:end] = destinations
+            size[first:end] = byte_counts
+            return end
+        if type(step) is not int:
+            step = as_integer(step, "step", "add_copies")
+        plan = read_copies(first, sources, destinations, byte_counts, buffer.dtype_np)
+        if token <= 0 or buffer.token != token:
+            _over("add_copies", buffer, self)
+        return write(buffer.arrays, buffer.n, plan, "add_copies", step)
 
     def add_block_copies(
         self,
@@ -123,7 +147,7 @@ class DescriptorBuffers(NamedTuple):
             *(total_bytes, coalesce, buffer.dtype_np),
         )
         if token <= 0 or buffer.token != token:
-            _over("add_block_copies", buffer)
+            _over("add_block_copies", buffer, self)
         return write(buffer.arrays, buffer.n, plan, "add_block_copies")
 
     def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
@@ -144,7 +168,7 @@ class DescriptorBuffers(NamedTuple):
         if type(count) is not int:
             count = as_index(count, "shrink: count", hint="pass the index add_copies() returned")
         if token <= 0 or buffer.token != token:
-            _over("shrink", buffer)
+            _over("shrink", buffer, self)
         if not 0 <= count <= buffer.n:
             raise ValueError(
                 f"shrink: count={count} is outside 0..n={buffer.n}; views can only shrink "
@@ -192,58 +216,6 @@ class Views(DescriptorBuffers):
 
 
 Views.__name__ = Views.__qualname__ = "DescriptorBuffers"  # reprs say the public name
-
-
-def fill(
-    arrays: DescriptorArrays,
-    buffer: Any,
-    token: int,
-    n: int,
-    first: SupportsIndex,
-    sources: IntegerInput,
-    destinations: IntegerInput,
-    byte_counts: IntegerInput | SupportsIndex,
-    step: SupportsIndex,
-) -> int | None:
-    """`DescriptorBuffers.add_copies` into *arrays*, the first *n* entries of hand-out *token*.
-
-    Returns the entry after the last written, or None if the hand-out is over (nothing
-    written).  Columns that are fresh 1-D int64 or uint64 arrays (taken as bits) written
-    at consecutive entries are checked inline; anything else goes through `read_copies`
-    and `write`.  At ``off`` an array of byte counts is not scanned for negative ones;
-    the debug levels scan it.
-    """
-    if (
-        step == 1
-        and type(first) is int
-        and type(sources) is _ndarray
-        and type(destinations) is _ndarray
-        and type(byte_counts) is _ndarray
-        and ((kind := sources.dtype) is _I64 or kind is _U64)
-        and ((kind := destinations.dtype) is _I64 or kind is _U64)
-        and ((kind := byte_counts.dtype) is _I64 or kind is _U64)
-        and sources.ndim == destinations.ndim == byte_counts.ndim == 1
-        and sources.base is None  # not a view: no overlap with the buffer to look for
-        and destinations.base is None
-        and byte_counts.base is None
-        and first >= 0
-        and (end := first + len(sources)) <= n
-        and len(destinations) == len(byte_counts) == end - first
-        and not (buffer.own_views and end > first and _least(byte_counts, kind) < 0)
-    ):
-        if token <= 0 or buffer.token != token:
-            return None
-        src, dst, size = arrays
-        src[first:end] = sources
-        dst[first:end] = destinations
-        size[first:end] = byte_counts
-        return end
-    if type(step) is not int:
-        step = as_integer(step, "step", "add_copies")
-    plan = read_copies(first, sources, destinations, byte_counts, buffer.dtype_np)
-    if token <= 0 or buffer.token != token:
-        return None
-    return write(arrays, n, plan, "add_copies", step)
 
 
 def write(arrays: DescriptorArrays, n: int, plan: Plan, op: str, step: int = 1) -> int:
@@ -296,17 +268,19 @@ def record(buffer: Any, token: int, event: CompletionEvent) -> None:
         _over("record_event", buffer)
 
 
-def _least(counts: IntArray, dtype: np.dtype[Any]) -> int:
+def _least(counts: IntArray) -> int:
     """The least byte count as int64 (uint64 ones of 2**63 or more read as negative)."""
-    signed = counts if dtype is _I64 else counts.view(_I64)
+    signed = counts if counts.dtype is _I64 else counts.view(_I64)
     least: int = signed.item(signed.argmin())
     return least
 
 
-def _over(op: str, buffer: Any) -> NoReturn:
+def _over(op: str, buffer: Any, holder: object = None) -> NoReturn:
+    name = "DescriptorBuffers" if holder is None else type(holder).__name__
     raise ReleaseError(
-        f"{op}: these views (capacity {buffer.bucket.capacity}) belong to a hand-out that is "
-        "over (released); use the views of a live handle (with pool.acquire(n) as bufs: ...)"
+        f"{op}: this {name} (capacity {buffer.bucket.capacity}) is of a hand-out that is "
+        "over (released), and its buffer may be another holder's now; use it only while it "
+        "is held: inside the with block of a live handle, or before pool.release(bufs)"
     )
 
 

@@ -8,12 +8,9 @@ from typing import NamedTuple, SupportsIndex
 import torch
 
 from bucketpool import _lend
-from bucketpool._errors import ReleaseError, reentered
 from bucketpool._handle import BufferHandle
 from bucketpool._inputs import as_integer, read_copies
-from bucketpool._lock import owned
 from bucketpool._pool import BucketPool
-from bucketpool._settings import check_count
 from bucketpool._views import CompletionEvent, DescriptorBuffers, IntArray, IntegerInput, write
 
 __all__ = [
@@ -65,6 +62,8 @@ class _Holding:
     __slots__ = ()
     _public: typing.ClassVar[type[DescriptorBuffers] | type[AliasedDescriptorBuffers]]
     _handle: BufferHandle
+    _buffer: object  # the hand-out's buffer and token, which fills check (as views' do)
+    _token: int
 
     def __copy__(self) -> DescriptorBuffers | AliasedDescriptorBuffers:
         return self._public(*self._items())
@@ -80,19 +79,7 @@ class _Holding:
     def _items(self) -> tuple[typing.Any, ...]:
         return tuple(typing.cast("tuple[typing.Any, ...]", self))
 
-    add_copies = _lend.lent_add_copies  # (no method of its own: one call, as vLLM's)
-
-    def _live(self, op: str) -> BufferHandle:
-        handle = self._handle
-        if handle.released:
-            raise self._released(op)
-        return handle
-
-    def _released(self, op: str) -> ReleaseError:
-        return ReleaseError(
-            f"{op}: this {type(self).__name__} was released; its buffer may be handed out "
-            "again. Write descriptors before pool.release(bufs), or acquire a new triple"
-        )
+    add_copies = DescriptorBuffers.add_copies  # into the whole bucket, while it is held
 
     def record_event(self, event: object) -> None:
         raise TypeError(
@@ -101,16 +88,8 @@ class _Holding:
         )
 
 
-class _HeldBuffers(_Holding, DescriptorBuffers):
+class _HeldBuffers(_Holding, DescriptorBuffers):  # shrink, add_block_copies: as views'
     _public = DescriptorBuffers
-
-    def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
-        """Views of the first *count* entries until release; see `DescriptorBuffers.shrink`."""
-        return self._live("shrink").shrink(count)
-
-    def add_block_copies(self, *args: typing.Any, **kwargs: typing.Any) -> int:
-        """Write copies of whole blocks; see `DescriptorBuffers.add_block_copies`."""
-        return self._live("add_block_copies").add_block_copies(*args, **kwargs)
 
 
 class _HeldAliasedBuffers(_Holding, AliasedDescriptorBuffers):
@@ -131,7 +110,6 @@ class _Adapter(typing.Generic[_Buffers]):
 
     def __init__(self, *, dtype: torch.dtype = torch.int64) -> None:
         self.pool = BucketPool(dtype=dtype)
-        self._max_capacity = self.pool.settings.max_capacity
 
     def acquire(self, n: SupportsIndex) -> _Buffers:
         """Return a triple of its bucket's whole capacity (>= *n*).  Thread-safe.
@@ -144,13 +122,7 @@ class _Adapter(typing.Generic[_Buffers]):
             ValueError: *n* is negative or above the pool's ``max_capacity``.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
-        if type(n) is not int or not 0 <= n <= self._max_capacity:
-            n = check_count(n, self._max_capacity)
-        handle = _lend.lend(self.pool, n)
-        fields = _lend.fields(handle, torch.is_inference_mode_enabled())
-        bufs = tuple.__new__(self._held, fields if self._fields == 6 else fields[:3])
-        bufs._handle = handle  # from here on the tuple holds the buffer (an interrupt
-        return bufs  # type: ignore[return-value]  # before: the handle's finaliser does)
+        return _lend.acquire(self, n)  # type: ignore[no-any-return]
 
     def release(self, bufs: _Buffers, *, event: CompletionEvent | None = None) -> None:
         """Return *bufs* to the pool.  Thread-safe.
@@ -166,23 +138,7 @@ class _Adapter(typing.Generic[_Buffers]):
                 this thread inside the pool; *bufs* stays acquired (release it after).
             BaseException: what ``event.query()`` raised; released all the same (parked).
         """
-        handle = vars(bufs).get("_handle") if type(bufs) is self._held else None
-        if handle is None or not _lend.belongs(handle, self.pool):
-            raise ReleaseError(self._refusal(bufs, handle is None and type(bufs) is self._held))
-        if event is not None:
-            if not callable(getattr(event, "query", None)):
-                raise TypeError(
-                    "release: event needs a query() -> bool method (torch.Event, "
-                    f"torch.cuda.Event), got {type(event).__name__}; the buffers stay acquired"
-                )
-            if owned():  # an event cannot be recorded inside a move
-                raise reentered("release(bufs, event=...)")
-        try:  # the handle's moves decide: of two releases of one tuple exactly one works
-            if event is not None:
-                handle.record_event(event)
-            handle.__exit__(None, None, None)
-        except ReleaseError:
-            raise ReleaseError(self._refusal(bufs, True)) from None
+        _lend.release(self, bufs, event)
 
     @property
     def _pool(self) -> list[_Buffers]:

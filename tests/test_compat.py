@@ -518,7 +518,7 @@ def _race_at_line(line: int) -> bool:
     The second release of the same tuple (and an acquire of the freed buffer) runs where
     another thread could have run it.  Returns False once the release has fewer lines.
     """
-    release_code = DescriptorBufferPool.release.__code__
+    release_code = bucketpool._lend.release.__code__  # the adapter's release
     compat = DescriptorBufferPool()
     bufs = compat.acquire(8)
     event = FlagEvent()
@@ -626,7 +626,7 @@ def test_the_three_field_tuple_shrinks_and_fills_blocks_as_views_do() -> None:
     assert shrunk.src_ptrs.data_ptr() == bufs.src_ptrs.data_ptr()
     assert shrunk.sizes.tolist() == [128, 64]
     pool.release(bufs)
-    with pytest.raises(ReleaseError, match=r"^shrink: this DescriptorBuffers was released"):
+    with pytest.raises(ReleaseError, match=r"^shrink: this DescriptorBuffers .* \(released\)"):
         bufs.shrink(1)
     with pytest.raises(ReleaseError, match="add_block_copies: this DescriptorBuffers"):
         bufs.add_block_copies(0, 0, 0, [0], [0], 8)
