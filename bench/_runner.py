@@ -31,6 +31,7 @@ from bench._cases import Case, DebugCase, FillStepCase, TraceCase
 from bench._compat import CompatCase
 from bench._fills import FILL_SIZES, FillsCase
 from bench._fork import ForkCase, forks_for
+from bench._host_step import host_step_cases
 from bench._kv_offload import KvOffloadCase
 from bench._parked import CollectCase, EventedCase, ParkedCase, ParkedStuckCase
 from bench._stats import RESOLUTION, Measurement
@@ -76,6 +77,7 @@ class Settings:
         max_rounds: the most rounds a case gets.
         budget_s: seconds of extra rounds while a verdict is UNSURE.
         ops: steps per trace pass and per hot-loop pass.
+        host_steps: interleaved steps of vLLM's workers per round of a host-step case.
         fill_step_ops: steps per pass of ``fill-step`` (at most *ops*).
         parked: handles parked in ``parked-N``.
         stuck: buffers stuck in ``parked-stuck``, and parked in ``collect``.
@@ -89,6 +91,7 @@ class Settings:
     max_rounds: int = 40
     budget_s: float = 40.0
     ops: int = DEFAULT_OPS
+    host_steps: int = 300
     fill_step_ops: int = 1_000
     parked: int = 10_000
     stuck: int = 100_000
@@ -104,6 +107,7 @@ QUICK = Settings(
     max_rounds=12,
     budget_s=3.0,
     ops=QUICK_OPS,
+    host_steps=100,
     fill_step_ops=300,
     min_pass_ns=1_000_000,
     quick=True,
@@ -115,6 +119,7 @@ def build_cases(settings: Settings, traces: Sequence[Trace], kinds: Iterable[str
     chosen = set(kinds)
     s = settings
     makers: dict[str, Callable[[], Sequence[Case]]] = {
+        "host-step": lambda: host_step_cases(s.host_steps),
         "fills": lambda: [FillsCase(k, s.min_pass_ns, s.seed) for k in FILL_SIZES],
         "fill-step": lambda: [FillStepCase(min(s.ops, s.fill_step_ops), s.seed)],
         "parked": lambda: (

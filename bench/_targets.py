@@ -22,6 +22,7 @@ __all__ = [
     "CHECK_UNSURE",
     "FILL_LIMITS",
     "GOALS",
+    "HOST_STEP",
     "PROMISES",
     "STEP",
     "TARGETS",
@@ -43,6 +44,8 @@ Kind = Literal["promise", "goal"]
 
 #: The headline figure of every trace: the documented step over the original's.
 STEP = "bucketpool/original"
+#: The headline figure of the host-step cases: vLLM's step after ``install()`` over its own.
+HOST_STEP = "installed/vllm"
 #: k to the most ``add_copies`` may cost over bare numpy (arrays and lists alike).
 FILL_LIMITS = {16: 4.0, 64: 4.0, 256: 3.0, 4_096: 2.0, 65_536: 2.0}
 _RECUR = ("repeated-*", "alternating", "normal-*", "blocks")
@@ -89,6 +92,9 @@ _COLLECT = "per-buffer cost, 100x parked / 1x"
 _KV_SPIKE = "spike: retained bytes bucketpool/lists"
 #: What the README claims; ``--check`` fails when one FAILs.
 PROMISES: tuple[TargetSpec, ...] = (
+    _promise(("host-ec-large",), HOST_STEP, "<=", 1.02, "vLLM's EC step, large entries"),
+    _promise(("host-ec-small",), HOST_STEP, "<=", 1.10, "vLLM's EC step, small entries"),
+    _promise(("host-kv",), HOST_STEP, "<=", 1.05, "vLLM's KV-offload step"),
     _promise(_RECUR, STEP, "<=", 1.0, "the step is not slower than the original's where n recurs"),
     _promise(_VARIES, STEP, "<=", 1.3, "at most 1.3x where n varies (quiet machine)"),
     _promise(_STEADY, "bucketpool allocations after warm-up", "<=", 0, "steady: no allocation"),

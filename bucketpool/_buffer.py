@@ -93,6 +93,11 @@ class Buffer:
             self._repair()
         return self.arrays_
 
+    def check_views(self) -> None:
+        """(the holder) Put the buffer back as the pool made it if a holder changed it."""
+        if self.base._version != self.version:  # (views to trust only: see __init__)
+            self._repair()
+
     def views_for(self, n: int) -> Views:
         """The view set of *n* entries for the live hand-out (its holder alone calls this)."""
         if self.base._version != self.version:  # (views to trust only: see __init__)

@@ -195,8 +195,12 @@ class BufferHandle:
         self.__exit__(None, None, None)
 
     def shrink(self, count: SupportsIndex) -> DescriptorBuffers:
-        """Views of the first *count* entries; see `DescriptorBuffers.shrink`."""
-        return self._live("shrink").views_for(self._n).shrink(count)
+        """Views of the first *count* entries; see `DescriptorBuffers.shrink`.
+
+        No view set of ``n`` is cut for it: a holder that only shrinks never uses one.
+        """
+        self._live("shrink").check_views()
+        return DescriptorBuffers.shrink(cast(Any, self), count)
 
     def record_event(self, event: CompletionEvent) -> None:
         """Keep the buffer out of reuse until *event* is done; see `DescriptorBuffers`."""
@@ -212,8 +216,9 @@ class BufferHandle:
         step: SupportsIndex = 1,
     ) -> int:
         """Write copies into the views; see `DescriptorBuffers.add_copies`."""
-        views = self._live("add_copies").views_for(self._n)
-        return views.add_copies(first, sources, destinations, byte_counts, step=step)
+        self._live("add_copies")  # (fills need no view set: they write the buffer's arrays)
+        args = (first, sources, destinations, byte_counts)
+        return DescriptorBuffers.add_copies(cast(Any, self), *args, step=step)
 
     def add_block_copies(
         self,
@@ -228,9 +233,10 @@ class BufferHandle:
         coalesce: bool = True,
     ) -> int:
         """Write copies of whole blocks; see `DescriptorBuffers.add_block_copies`."""
-        views = self._live("add_block_copies").views_for(self._n)
+        self._live("add_block_copies")
         args = (first, src_base, dst_base, src_blocks, dst_blocks, block_bytes)
-        return views.add_block_copies(*args, total_bytes=total_bytes, coalesce=coalesce)
+        fill = DescriptorBuffers.add_block_copies
+        return fill(cast(Any, self), *args, total_bytes=total_bytes, coalesce=coalesce)
 
     def _no_copy(self, *args: object) -> NoReturn:
         raise TypeError(

@@ -15,6 +15,7 @@ import pytest
 from bench import _cli as cli
 from bench import _runner as runner
 from bench._cases import Case
+from bench._host_step import host_step_cases
 from bench._stats import Measurement, Verdict
 from bench._targets import Kind, TargetSpec, check_targets
 
@@ -142,7 +143,8 @@ def test_families_select_their_traces_and_cases(
     loguniform = ["loguniform-w1", "loguniform-w4", "loguniform-w16"]
     assert chosen[0] == [*loguniform, "parked-10000", "evented", "parked-stuck", "collect"]
     assert chosen[1] == ["fills-16", "fills-64", "fills-256", "fills-4096", "fills-65536"]
-    assert len(chosen[2]) == 12 + 5 + 1 + 4 + 4  # every trace and case
+    host = len(host_step_cases(1))  # 3 where vLLM's wheel is, else none
+    assert len(chosen[2]) == 12 + host + 5 + 1 + 4 + 4  # every trace and case
     capsys.readouterr()
 
 

@@ -14,6 +14,9 @@ from bench._traces import TRACE_NAMES
 
 SPEC = TargetSpec(("repeated-*",), STEP, "<=", 0.30, "repeated n", kind="goal")
 CASES = [
+    "host-ec-small",
+    "host-ec-large",
+    "host-kv",
     *TRACE_NAMES,
     *(f"fills-{k}" for k in FILL_SIZES),
     "fill-step",
