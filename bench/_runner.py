@@ -29,6 +29,7 @@ import torch
 
 from bench._cases import Case, DebugCase, FillStepCase, TraceCase
 from bench._compat import CompatCase
+from bench._counts import ViewCacheCase
 from bench._fills import FILL_SIZES, FillsCase
 from bench._fork import ForkCase, forks_for
 from bench._host_step import host_step_cases
@@ -120,6 +121,7 @@ def build_cases(settings: Settings, traces: Sequence[Trace], kinds: Iterable[str
     s = settings
     makers: dict[str, Callable[[], Sequence[Case]]] = {
         "host-step": lambda: host_step_cases(s.host_steps),
+        "view-cache": lambda: [ViewCacheCase(s.ops, s.seed)],
         "fills": lambda: [FillsCase(k, s.min_pass_ns, s.seed) for k in FILL_SIZES],
         "fill-step": lambda: [FillStepCase(min(s.ops, s.fill_step_ops), s.seed)],
         "parked": lambda: (

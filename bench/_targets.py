@@ -89,12 +89,16 @@ def _goal(cases: tuple[str, ...], figure: str, op: Op, limit: float, why: str) -
 
 
 _COLLECT = "per-buffer cost, 100x parked / 1x"
+_CUTS = "view sets cut per step, log-uniform n"
 _KV_SPIKE = "spike: retained bytes bucketpool/lists"
 #: What the README claims; ``--check`` fails when one FAILs.
 PROMISES: tuple[TargetSpec, ...] = (
     _promise(("host-ec-large",), HOST_STEP, "<=", 1.02, "vLLM's EC step, large entries"),
     _promise(("host-ec-small",), HOST_STEP, "<=", 1.10, "vLLM's EC step, small entries"),
     _promise(("host-kv",), HOST_STEP, "<=", 1.05, "vLLM's KV-offload step"),
+    _promise(("view-cache",), _CUTS, "<=", 0.6, "view sets cut, counted"),
+    _promise(("view-cache",), "tensors made per step, n recurring", "<=", 0, "hits make none"),
+    _promise(("view-cache",), "torch calls per view set cut", "<=", 3, "one call a field"),
     _promise(_RECUR, STEP, "<=", 1.0, "the step is not slower than the original's where n recurs"),
     _promise(_VARIES, STEP, "<=", 1.3, "at most 1.3x where n varies (quiet machine)"),
     _promise(_STEADY, "bucketpool allocations after warm-up", "<=", 0, "steady: no allocation"),

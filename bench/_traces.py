@@ -60,7 +60,10 @@ TRACE_NAMES = (
     "encoder-cache",
 )
 #: The cases beside the traces, as ``--trace`` names them.
-CASE_KINDS = ("host-step", "fills", "fill-step", "parked", "debug", "compat", "kv-offload", "fork")
+CASE_KINDS = (
+    *("host-step", "view-cache", "fills", "fill-step", "parked", "debug", "compat"),
+    *("kv-offload", "fork"),
+)
 #: What ``--trace`` accepts: a trace, a family (``repeated``, ``loguniform``) or a case kind.
 SELECTIONS = ("repeated", "loguniform", *TRACE_NAMES, *CASE_KINDS)
 

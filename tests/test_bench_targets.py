@@ -17,6 +17,7 @@ CASES = [
     "host-ec-small",
     "host-ec-large",
     "host-kv",
+    "view-cache",
     *TRACE_NAMES,
     *(f"fills-{k}" for k in FILL_SIZES),
     "fill-step",
