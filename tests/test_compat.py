@@ -457,10 +457,16 @@ def test_the_backing_pool_is_a_bucket_pool() -> None:
     [copy.copy, copy.deepcopy, lambda bufs: pickle.loads(pickle.dumps(bufs))],
     ids=["copy", "deepcopy", "pickle"],
 )
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
 def test_a_copy_of_a_tuple_is_its_data_never_a_second_holder(
     adapter: type[DescriptorBufferPool | AliasedDescriptorBufferPool],
     duplicate: Callable[[object], object],
+    level: DebugLevel,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Issue 33: at strict, pickling a tuple raised "cannot pickle code objects" (the guarded
+    # views' records of the hand-out); they pickle as plain tensors.
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", level)
     pool = adapter()
     release = typing.cast("Callable[[object], None]", pool.release)
     bufs = pool.acquire(5)
@@ -640,3 +646,29 @@ def test_pool_is_refused_inside_a_move() -> None:
     with bucketpool._lock.LOCK, pytest.raises(bucketpool.PoolError, match="_pool"):
         pool._pool  # noqa: B018  # a finaliser's inside a move: waiting for the lock would hang
     assert len(pool._pool) == 1
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+def test_a_release_the_caps_free_gives_the_memory_back_without_the_collector(
+    adapter: type[Any], level: DebugLevel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 33: at strict the compat `_pool` note kept the released tuple on a buffer the
+    # caps had freed, and its guarded views kept the buffer: a cycle, so the memory waited
+    # for the cyclic collector.  Nothing of a released tuple is kept now.
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", level)
+    monkeypatch.setenv("BUCKETPOOL_CONF", "max_cached_bytes=0")
+    gc.collect()
+    gc.disable()
+    try:
+        pool = adapter()
+        bufs = pool.acquire(1 << 12)
+        (buffer,) = pool.pool._ledger.registry
+        memory = weakref.ref(buffer.base)  # the buffer's own tensor
+        del buffer
+        pool.release(bufs)  # over the cap: freed at once
+        assert pool.pool.stats().allocations.current == 0
+        del bufs
+        assert memory() is None
+    finally:
+        gc.enable()

@@ -193,20 +193,45 @@ def pool_of(module: types.ModuleType) -> BucketPool:
     return pool
 
 
+HOLDERS: dict[str, Any] = {  # what a caller may keep of a triple: each holds the hand-out
+    "a slice": lambda tensor: tensor[:20],
+    "a view": lambda tensor: tensor.view(4, 8),
+    "its numpy array": lambda tensor: tensor.numpy(),
+    "a slice's numpy array": lambda tensor: tensor[3:9].numpy(),
+}
+
+
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+@pytest.mark.parametrize("keep", HOLDERS.values(), ids=HOLDERS.keys())
 @pytest.mark.parametrize("inference", [False, True], ids=["default-mode", "inference-mode"])
 def test_a_dropped_triple_warns_and_comes_back(
-    gpu_worker: types.ModuleType, inference: bool
+    gpu_worker: types.ModuleType,
+    inference: bool,
+    keep: Any,
+    level: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Issue 33: at strict a slice of a triple did not hold the hand-out (the hold sat on the
+    # strict alias, a slice's base was the plain tensor under it): a false LeakWarning, and
+    # the next transfer got the buffer the slice still pointed at.  The tensors are made
+    # over numpy arrays that carry the hold, so whatever shares their memory holds it, at
+    # every level and also under inference mode (where a view keeps no link to its base).
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", level)
     bucketpool_vllm.install(kv_offload=True)
     pool = pool_of(gpu_worker)
     with torch.inference_mode(inference):
         triple = gpu_worker._new_descriptor_buffers(20)
         assert [t.numel() for t in triple] == [32] * 3
-        head = triple[1][:20]  # a slice keeps the buffer out
+        kept = keep(triple[1])
         del triple
-        assert len(pool.outstanding()) == 1
+        gc.collect()
+        assert len(pool.outstanding()) == 1  # held by what was kept
+        other = gpu_worker._new_descriptor_buffers(20)  # so another buffer, not the kept one
+        assert len(pool.outstanding()) == 2
+        _kv_offload._Returns().append(other)
         with pytest.warns(LeakWarning, match="n=32 was never released"):
-            del head
+            del kept
+            gc.collect()
     assert pool.outstanding() == []
     assert pool.stats().leaks == 1
 
@@ -296,8 +321,9 @@ def test_appends_are_checked(gpu_worker: types.ModuleType) -> None:
     [copy.deepcopy, lambda triple: pickle.loads(pickle.dumps(triple))],
     ids=["deepcopy", "pickle"],
 )
+@pytest.mark.parametrize("level", ["off", "strict"])
 def test_descriptor_tensors_copy_as_vllms_own(
-    gpu_worker: types.ModuleType, duplicate: object
+    gpu_worker: types.ModuleType, duplicate: object, level: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A deep copy or pickle of the factory's triple works as with vLLM's factory.
 
@@ -312,6 +338,7 @@ def test_descriptor_tensors_copy_as_vllms_own(
         expected: type[Exception] | None = type(error)
     else:
         expected = None
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", level)  # strict: guarded views pickle as plain
     bucketpool_vllm.install(kv_offload=True)
     triple = gpu_worker._new_descriptor_buffers(4)
     returns = _kv_offload._Returns()
