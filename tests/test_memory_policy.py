@@ -48,38 +48,59 @@ def test_byte_cap_evicts_least_recently_used_bucket_first(pool: BucketPool) -> N
     assert pool.stats().cached_bytes == 4608
 
 
+TRIPLE_4096 = 4096 * 24  # a buffer that caches up to 32 view sets (its bytes pay for them)
+
+
 def test_a_release_crowded_by_view_sets_frees_the_lru_bucket_not_itself() -> None:
     """The fit test counts only what making room cannot free: another bucket's view sets
     go with its buffer, so the LRU buffer is freed and the released one is cached."""
-    older = TRIPLE_16 + 16 * VIEW_SET_BYTES  # a buffer of 16 entries with 16 view sets
+    older = TRIPLE_4096 + 16 * VIEW_SET_BYTES  # a buffer of 4,096 entries with 16 view sets
     pool = BucketPool(max_cached_bytes=older + 1000, idle_trim_acquires=0)
-    for n in range(1, 17):
+    for n in range(2049, 2065):
         with pool.acquire(n):
             pass
     assert pool.stats().cached_bytes + pool.stats().view_bytes == older
     with pool.acquire(32):  # 768 bytes and one view set: fits once the older one goes
         pass
     stats = pool.stats()
-    assert [(b.capacity, b.cached) for b in stats.buckets] == [(16, 0), (32, 1)]
+    assert [(b.capacity, b.cached) for b in stats.buckets] == [(32, 1), (4096, 0)]
     assert stats.cached_bytes + stats.view_bytes == 2 * TRIPLE_16 + VIEW_SET_BYTES
 
 
 def test_a_release_that_room_elsewhere_could_not_fit_frees_only_itself() -> None:
     """Its own bucket's view sets would still crowd it out: other buckets stay cached."""
-    crowded = 2 * 768 + 17 * VIEW_SET_BYTES  # two of 32 entries, one with 16 view sets
+    crowded = 2 * TRIPLE_4096 + 17 * VIEW_SET_BYTES  # two of 4,096 entries, 16 + 1 view sets
     pool = BucketPool(max_cached_bytes=crowded - 100, idle_trim_acquires=0)
     with pool.acquire(16):  # the least recently used bucket: room that would not help
         pass
-    first = pool.acquire(32)
-    second = pool.acquire(32)
+    first = pool.acquire(4096)
+    second = pool.acquire(4096)
     first.release()
-    for n in range(17, 33):
+    for n in range(2049, 2065):
         with pool.acquire(n):
             pass
     second.buffers  # noqa: B018  (a view set of its own)
     second.release()
     stats = pool.stats()
-    assert [(b.capacity, b.cached) for b in stats.buckets] == [(16, 1), (32, 1)]
+    assert [(b.capacity, b.cached) for b in stats.buckets] == [(16, 1), (4096, 1)]
+
+
+def test_a_small_buffer_caches_no_more_view_sets_than_its_bytes_pay_for() -> None:
+    """Issue 33: sets of small buffers dwarfed them (33x in a small worker): a buffer caches
+    as many sets as its bytes pay for, two at least (a hand-out's n and a shrink count)."""
+    pool = BucketPool(idle_trim_acquires=0)
+    for n in range(1, 17):  # sixteen n of one bucket of 16 entries: two sets kept
+        with pool.acquire(n) as bufs:
+            bufs.shrink(n // 2)
+    assert pool.stats().view_bytes == 2 * VIEW_SET_BYTES
+    for n in range(513, 529):  # 1,024 entries (24 KiB) pay for 12 sets
+        with pool.acquire(n):
+            pass
+    assert pool.stats().view_bytes == (2 + 12) * VIEW_SET_BYTES
+    for n in range(2049, 2100):  # 4,096 entries: 32, the most a buffer caches
+        with pool.acquire(n):
+            pass
+    assert pool.stats().view_bytes == (2 + 12 + 32) * VIEW_SET_BYTES
 
 
 @pytest.mark.pool(max_cached_bytes=1 * KIB)
