@@ -48,7 +48,8 @@ class Buffer:
 
     __slots__ = (
         *("address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np"),
-        *("ended", "events", "handed", "lasti", "lent", "lent_mode", "lent_sets", "ledger"),
+        *("ended", "entered", "events", "handed", "lasti", "lent", "lent_mode", "lent_sets"),
+        "ledger",
         *("n", "poisoned"),
         *("recorded", "released_at", "own_views", "site", "storage", "strict", "token"),
         *("version", "view_bytes", "views"),
@@ -77,6 +78,7 @@ class Buffer:
         # tensor is always a plain one (`new_tensor`), whose counter never raises.
         self.version = self.base._version
         self.token = 0  # (the lock's) > 0: held by that hand-out; 0: cached or freed; < 0: parked
+        self.entered = 0  # (the holder's) the hand-out a with block binds now (its token)
         self.n = 0  # the live hand-out's n
         self.events: collections.deque[Any] | list[Any] | None = None
         self.recorded = 0  # events ever recorded on it: a release tells a new one by this

@@ -90,6 +90,12 @@ class BufferHandle:
         token = self._token
         if token <= 0 or buffer.token != token:
             self._refuse("with")
+        if buffer.entered == token:
+            raise ReleaseError(
+                f"with: this handle (n={self._n}) is already bound by a with block, which "
+                "releases it as it ends; enter each handle once"
+            )
+        buffer.entered = token  # (the holder's: one thread uses a handle at a time)
         if buffer.base._version == buffer.version:  # (`Buffer.views_for` inline: views to trust)
             views = buffer.views.get(self._n) or buffer.cut(self._n)
             views._token = token
@@ -105,6 +111,7 @@ class BufferHandle:
         """
         buffer = self._buffer
         token = self._token
+        buffer.entered = 0  # the block is over (a release() may follow an interrupted exit)
         if token <= 0 or buffer.token != token:
             if exc is None:
                 raise ReleaseError(self._released_message("end of with block"))
@@ -188,10 +195,18 @@ class BufferHandle:
         """Give the buffer back; parked until every `record_event` event is done.  Thread-safe.
 
         Raises:
-            ReleaseError: the handle was already released; nothing changes.
+            ReleaseError: the handle was already released, or a ``with`` block binds it (it
+                releases it as it ends); nothing changes.
             BaseException: what an event's ``query()`` raised; released all the same (parked).
         """
-        self._live("release")
+        buffer = self._live("release")
+        if buffer.entered == self._token:
+            raise ReleaseError(
+                f"release: this handle (n={self._n}) is bound by a with block, which "
+                "releases it as it ends; leave the block to release it (nothing changed; a "
+                "block whose end an exception stopped before it began: call "
+                "handle.__exit__(None, None, None))"
+            )
         self.__exit__(None, None, None)
 
     def shrink(self, count: SupportsIndex) -> DescriptorBuffers:

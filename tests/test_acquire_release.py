@@ -152,11 +152,38 @@ def test_double_release_through_with_raises(pool: BucketPool) -> None:
     assert pool.stats().cached_bytes == TRIPLE_16
 
 
-def test_exit_after_a_release_inside_the_block_raises(pool: BucketPool) -> None:
+def test_a_release_inside_its_with_block_is_refused_where_it_happens(pool: BucketPool) -> None:
+    # Issue 33: it took effect, and the block's end raised; now the call itself is refused.
+    handle = pool.acquire(3)
+    with handle:
+        with pytest.raises(ReleaseError, match="release: .* is bound by a with block"):
+            handle.release()
+        with pytest.raises(ReleaseError, match="bound by a with block"):
+            pool.release(handle)
+        assert not handle.released
+    assert handle.released  # the block's end released it, once
+    assert pool.stats().buckets[0].cached == 1
+
+
+def test_a_handle_entered_twice_is_refused_where_it_happens(pool: BucketPool) -> None:
+    handle = pool.acquire(3)
+    with handle as bufs:
+        with pytest.raises(ReleaseError, match="with: .* already bound by a with block"):
+            with handle:
+                pass
+        assert bufs.add_copies(0, [1], [2], 3) == 1  # still the block's, and live
+    assert handle.released
+    again = pool.acquire(3)  # the same buffer, a new hand-out: its own with block
+    with again:
+        pass
+    assert pool.stats().active_requests.current == 0
+
+
+def test_exit_after_the_handle_was_released_meanwhile_raises(pool: BucketPool) -> None:
     handle = pool.acquire(3)
     with pytest.raises(ReleaseError, match="end of with block: this handle"):
         with handle:
-            handle.release()
+            handle.__exit__(None, None, None)  # released some other way (an exit by hand)
     assert pool.stats().active_requests.current == 0
     assert pool.stats().buckets[0].cached == 1  # released once, cached once
 
@@ -164,7 +191,7 @@ def test_exit_after_a_release_inside_the_block_raises(pool: BucketPool) -> None:
 def acquire_release_inside_then_raise(pool: BucketPool) -> None:
     handle = pool.acquire(3)
     with handle:
-        handle.release()
+        handle.__exit__(None, None, None)  # released some other way (an exit by hand)
         raise KeyError("mine")
 
 
@@ -179,7 +206,7 @@ def test_release_inside_a_raising_block_keeps_the_blocks_exception(pool: BucketP
 
 def release_inside_then_raise(handle: BufferHandle) -> None:
     with handle:
-        handle.release()
+        handle.__exit__(None, None, None)  # released some other way (an exit by hand)
         raise KeyError("mine")
 
 

@@ -586,14 +586,14 @@ def test_stale_views_refuse_to_fill_or_shrink_the_next_hand_out(level: DebugLeve
 def test_at_off_a_kept_set_refuses_until_its_n_is_handed_out_again() -> None:
     # The limit the debugging guide states for "off": view sets are cached per n, and the
     # next hand-out of the same n (or shrink count) is given the very same object.
-    pool = BucketPool(debug="off")
-    with pool.acquire(4) as kept:
+    pool = BucketPool(debug="off")  # (a buffer of 4,096 entries caches 32 sets)
+    with pool.acquire(4000) as kept:
         kept_shrunk = kept.shrink(2)
-    with pool.acquire(8):  # the same buffer, another n: the kept sets still refuse
+    with pool.acquire(3000):  # the same buffer, another n: the kept sets still refuse
         for stale in (kept, kept_shrunk):
             with pytest.raises(ReleaseError, match=r"add_copies: .* hand-out that is over"):
                 stale.add_copies(0, [666], [666], 666)
-    with pool.acquire(4) as bufs:
+    with pool.acquire(4000) as bufs:
         assert bufs is kept  # the new holder's own views: kept.add_copies would fill them
         assert bufs.shrink(2) is kept_shrunk
 

@@ -338,7 +338,7 @@ class ReleasingInput(collections.abc.Sequence[int]):
 
     def _steal(self) -> None:
         if self.thief is None:
-            self.handle.release()
+            self.handle.__exit__(None, None, None)  # released, also inside its with block
             self.thief = self.pool.acquire(self.handle.n)
             self.thief.buffers.src_ptrs.fill_(7)
 

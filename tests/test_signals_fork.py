@@ -317,6 +317,14 @@ def storm(interrupt: PoolInterrupts, step: Callable[[int], None], interval: floa
 
 
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def release_kept(handle: BufferHandle) -> None:
+    """Release a handle an interrupt left holding its buffer (docs/design.md, "Signals")."""
+    try:
+        handle.release()
+    except ReleaseError:  # its with block's end was stopped before it began: still bound
+        handle.__exit__(None, None, None)
+
+
 def test_keyboard_interrupts_inside_the_pool_never_leak_its_lock() -> None:
     """Issue 10, case 4: a signal handler's exception between taking the lock and `try`
     leaked the lock."""
@@ -355,7 +363,7 @@ def test_keyboard_interrupts_inside_the_pool_never_leak_its_lock() -> None:
     assert sum(b.active for b in stats.buckets) == len(kept)
     assert len(pool.outstanding()) == len(kept)
     for handle in kept:
-        handle.release()
+        release_kept(handle)
     assert pool.stats().active_requests.current == 0
 
 
@@ -398,7 +406,7 @@ def test_a_signal_storm_loses_no_buffer(mode: DebugLevel | Literal["compat"]) ->
 
     storm(interrupt, step, 5e-5)
     for handle in kept:
-        handle.release()
+        release_kept(handle)
     kept.clear()
     pool.synchronize()
     stats = pool.stats()
