@@ -156,7 +156,7 @@ def test_a_release_inside_its_with_block_is_refused_where_it_happens(pool: Bucke
     # Issue 33: it took effect, and the block's end raised; now the call itself is refused.
     handle = pool.acquire(3)
     with handle:
-        with pytest.raises(ReleaseError, match="release: .* is bound by a with block"):
+        with pytest.raises(ReleaseError, match=r"release: .* is bound by a with block"):
             handle.release()
         with pytest.raises(ReleaseError, match="bound by a with block"):
             pool.release(handle)
@@ -168,7 +168,7 @@ def test_a_release_inside_its_with_block_is_refused_where_it_happens(pool: Bucke
 def test_a_handle_entered_twice_is_refused_where_it_happens(pool: BucketPool) -> None:
     handle = pool.acquire(3)
     with handle as bufs:
-        with pytest.raises(ReleaseError, match="with: .* already bound by a with block"):
+        with pytest.raises(ReleaseError, match=r"with: .* already bound by a with block"):
             with handle:
                 pass
         assert bufs.add_copies(0, [1], [2], 3) == 1  # still the block's, and live
