@@ -6,6 +6,7 @@ import importlib.metadata
 
 from bucketpool._errors import (
     CapacityError,
+    InFlightReleaseWarning,
     InFlightWriteError,
     LeakWarning,
     PoolError,
@@ -31,6 +32,7 @@ __all__ = [
     "CompletionEvent",
     "DebugLevel",
     "DescriptorBuffers",
+    "InFlightReleaseWarning",
     "InFlightWriteError",
     "LeakWarning",
     "OutstandingBuffer",

@@ -48,8 +48,8 @@ class Buffer:
 
     __slots__ = (
         *("address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np"),
-        *("ended", "entered", "events", "handed", "lasti", "lent", "lent_mode", "lent_sets"),
-        "ledger",
+        *("ended", "entered", "events", "handed", "key", "lasti", "lent", "lent_mode"),
+        *("lent_sets", "ledger"),
         *("n", "poisoned"),
         *("recorded", "released_at", "own_views", "site", "storage", "strict", "token"),
         *("version", "view_bytes", "views"),
@@ -63,7 +63,7 @@ class Buffer:
         self.dtype = dtype
         self.base = new_tensor(3 * bucket.capacity, dtype, pin_memory)
         self.storage = self.base.untyped_storage()
-        self.address = self.base.data_ptr()
+        self.address = self.key = self.base.data_ptr()  # key: where it was made (its ledger's)
         self.arrays_ = _fields(self.base)  # the pool's own arrays: fills write through these
         self.dtype_np = self.arrays_[0].dtype
         self.views: dict[int, Views] = {}

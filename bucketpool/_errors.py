@@ -6,6 +6,7 @@ import typing
 
 __all__ = [
     "CapacityError",
+    "InFlightReleaseWarning",
     "InFlightWriteError",
     "LeakWarning",
     "PoolError",
@@ -48,6 +49,17 @@ class CapacityError(IndexError, ValueError):
     Both an `IndexError` (the entries ``[first, first + k)`` do not fit) and a `ValueError`,
     which is what the original pool's numpy slice assignment raised, so callers that catch
     either keep working.  Nothing was written.
+    """
+
+
+@typing.final
+class InFlightReleaseWarning(UserWarning):
+    """(``debug="checks"``) A hand-out was released while a copy of its descriptors ran.
+
+    The copy began through bucketpool's integration (``bucketpool.vllm.install()``'s copy
+    op, or `bucketpool.testing.HostDevice`), which recorded its end event: the buffer stays
+    parked until the copy ends, at every level, so nothing is overwritten; the warning names
+    where the copy began and where the release was.  ``"strict"`` raises `ReleaseError`.
     """
 
 

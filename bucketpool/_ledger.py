@@ -8,6 +8,7 @@ calls nothing (docs/design.md, "A buffer's life", "The locking rule").
 from __future__ import annotations
 
 import collections
+import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -15,7 +16,10 @@ from bucketpool._buffer import Bucket, Buffer
 from bucketpool._lock import LOCK
 from bucketpool._views import CompletionEvent
 
-__all__ = ["AS_RECORDED", "CACHE", "DROPPED", "EMPTY", "LEAK", "SETTLE", "SWEEP", "Entry", "Ledger"]
+__all__ = [
+    *("AS_RECORDED", "CACHE", "DROPPED", "EMPTY", "LEAK", "LEDGERS", "SETTLE", "SWEEP"),
+    *("Entry", "Ledger"),
+]
 
 #: What `serve` says: settle the inbox first; nothing cached; served, and the sweep is due.
 SETTLE, EMPTY, SWEEP = 1, 2, 4
@@ -27,6 +31,8 @@ DROPPED: Final = "dropped"  # `young_front`/`old_front` dropped or moved a recor
 Entry = tuple[Buffer, int, "list[Any] | str | None", int]
 Parking = list[Any]  # one parking: ``[buffer, events, tick]``, spent once its buffer is None
 Leak = tuple[int, object, int, object]  # n, the acquire's code, lasti (~: an adapter's), site
+#: Every pool's ledger in the process: where a tensor handed to a copy op is looked up.
+LEDGERS: weakref.WeakSet[Ledger] = weakref.WeakSet()
 TOTALS = (  # the ledger's totals, in the order `Ledger.snapshot` copies them
     *("active", "active_peak", "active_bytes", "active_bytes_peak", "allocations"),
     *("allocations_peak", "allocated_bytes", "allocated_bytes_peak", "allocations_total"),
@@ -53,7 +59,8 @@ class Ledger:
         verify: Callable[[Buffer, int, bool], tuple[str | None, Any]] | None,
     ) -> None:
         self.buckets = [Bucket(k) for k in range(max_capacity.bit_length())]
-        self.registry: dict[Buffer, None] = {}  # every buffer not freed (outstanding())
+        self.registry: dict[int, Buffer] = {}  # every buffer not freed, by `Buffer.key`
+        LEDGERS.add(self)
         self.young: collections.deque[Parking] = collections.deque()  # parking order
         self.old: collections.deque[Parking] = collections.deque()  # asked in turn
         self.max_cached_bytes, self.max_cached_per_bucket = max_cached_bytes, max_cached_per_bucket
@@ -107,7 +114,7 @@ class Ledger:
                     > self.max_cached_bytes
                 ):
                     return EMPTY  # the caps no longer keep it (threads raced)
-                self.registry[buffer] = None
+                self.registry[buffer.key] = buffer
                 self.allocated[k] += 1
                 self.allocations = allocations = self.allocations + 1
                 if allocations > self.allocations_peak:
@@ -260,7 +267,7 @@ class Ledger:
                 outcome = "cached"
             else:
                 buffer.token, buffer.events = 0, None
-                del self.registry[buffer]
+                del self.registry[buffer.key]
                 self.allocated[k] -= 1
                 self.allocations -= 1
                 self.allocated_bytes -= nbytes
@@ -298,7 +305,7 @@ class Ledger:
             del bucket.free[0]
             self.cached[k] -= 1
             self.view_bytes -= buffer.view_bytes
-            del self.registry[buffer]
+            del self.registry[buffer.key]
             self.allocated[k] -= 1
             self.allocations -= 1
             self.allocated_bytes -= bucket.nbytes
@@ -424,7 +431,7 @@ class Ledger:
         with LOCK:
             return [*bucket.free]  # the most recently released last
 
-    def buffers(self) -> list[Buffer]:
-        """Every buffer not freed, oldest first."""
+    def buffers(self) -> dict[int, Buffer]:
+        """Every buffer not freed, by `Buffer.key` (a copy)."""
         with LOCK:
-            return [*self.registry]
+            return {**self.registry}

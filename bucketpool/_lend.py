@@ -28,7 +28,7 @@ import torch
 
 from bucketpool import _debug
 from bucketpool._buffer import VIEW_SET_BYTES
-from bucketpool._errors import ReleaseError, reentered
+from bucketpool._errors import InFlightReleaseWarning, ReleaseError, reentered
 from bucketpool._handle import BufferHandle
 from bucketpool._ledger import EMPTY
 from bucketpool._lock import LATE, owned
@@ -120,7 +120,9 @@ def release(adapter: Any, bufs: object, event: CompletionEvent | None) -> None:
         if event is not None:
             handle.record_event(event)
         handle.__exit__(None, None, None)
-    except ReleaseError:
+    except ReleaseError as error:
+        if isinstance(error.__cause__, InFlightReleaseWarning):
+            raise  # released: too early (`_handle._early`)
         raise ReleaseError(adapter._refusal(bufs, True)) from None
 
 

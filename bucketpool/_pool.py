@@ -111,7 +111,7 @@ class BucketPool:
         for bucket in ledger.buckets:
             bucket.free = []
             bucket.inbox.clear()
-        for buffer in ledger.registry:
+        for buffer in ledger.registry.values():
             buffer.views, buffer.lent, buffer.lent_sets = {}, [None, None], 0
 
     def __reduce_ex__(self, *args: object) -> typing.NoReturn:
@@ -378,7 +378,7 @@ class BucketPool:
         while LATE:  # a finaliser released a holder inside the move: again
             self._drain()
             buffers = self._ledger.buffers()
-        return outstanding_of(buffers)
+        return outstanding_of(buffers.values())
 
     def stats(self) -> PoolStats:
         """Return a consistent snapshot of the counters (see `PoolStats`).

@@ -663,7 +663,7 @@ def test_a_release_the_caps_free_gives_the_memory_back_without_the_collector(
     try:
         pool = adapter()
         bufs = pool.acquire(1 << 12)
-        (buffer,) = pool.pool._ledger.registry
+        (buffer,) = pool.pool._ledger.registry.values()
         memory = weakref.ref(buffer.base)  # the buffer's own tensor
         del buffer
         pool.release(bufs)  # over the cap: freed at once

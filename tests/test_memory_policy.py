@@ -382,7 +382,7 @@ def test_a_dropped_pool_frees_its_buffers_with_the_collector_off(
     try:
         pool: typing.Any = make()
         held = pool.acquire(16)
-        (buffer,) = (pool if isinstance(pool, BucketPool) else pool.pool)._ledger.registry
+        (buffer,) = (pool if isinstance(pool, BucketPool) else pool.pool)._ledger.registry.values()
         memory = weakref.ref(buffer.base)  # the buffer's own tensor
         del buffer
         if isinstance(held, BufferHandle):

@@ -112,7 +112,7 @@ def test_view_bytes_count_only_sets_an_idle_buffer_keeps(level: str) -> None:
     pool = BucketPool(debug=level)  # type: ignore[arg-type]
     with pool.acquire(8) as bufs:
         bufs.shrink(4)
-    (buffer,) = pool._ledger.buffers()
+    (buffer,) = pool._ledger.buffers().values()
     assert pool.stats().view_bytes == len(buffer.views) * 2048  # 4096 reported, 0 kept
 
 
@@ -203,7 +203,7 @@ def test_a_late_releaser_never_asks_the_next_hand_outs_events() -> None:
 
 
 def _cached_capacities(pool: BucketPool) -> list[int]:
-    return sorted(b.bucket.capacity for b in pool._ledger.buffers() if b.token == 0)
+    return sorted(b.bucket.capacity for b in pool._ledger.buffers().values() if b.token == 0)
 
 
 def test_a_crowding_release_frees_the_lru_buffer_though_a_parked_one_keeps_views() -> None:

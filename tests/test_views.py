@@ -176,7 +176,7 @@ def assert_views_intact(pool: BucketPool, n: int = N) -> None:
     """The next holder gets three contiguous 1-D views of n entries of the pool's memory."""
     handle = pool.acquire(n)
     with handle as bufs:
-        (buffer,) = pool._ledger.buffers()
+        (buffer,) = pool._ledger.buffers().values()
         for view, array in zip(bufs, handle.arrays, strict=True):
             assert type(view) is torch.Tensor or pool.settings.debug == "strict"
             assert view.dtype == torch.int64
@@ -396,7 +396,7 @@ def test_compat_tuples_at_checks_get_tensors_of_their_own(
     tamper(bufs.src_ptrs)
     compat.release(bufs)
     again = compat.acquire(N)
-    (buffer,) = compat.pool._ledger.buffers()
+    (buffer,) = compat.pool._ledger.buffers().values()
     capacity = compat.pool.bucket_capacity(N)
     for field, view in enumerate(again):
         assert view.shape == (capacity,)
