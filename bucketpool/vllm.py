@@ -28,10 +28,12 @@ _LEGACY_PATH = "vllm.distributed.ec_transfer.ec_connector.cpu.worker.descriptor_
 _PATHS = (_CANONICAL_PATH, _LEGACY_PATH)
 _TENSOR_FIELDS = ("src_ptrs", "dst_ptrs", "sizes")
 _ALIASED_FIELDS = (*_TENSOR_FIELDS, "src_np", "dst_np", "sizes_np")
-_VLLM_REQUIRED = (
-    "bucketpool.vllm.install() needs vLLM, which is not installed here. 'pip install vllm' "
-    "would replace torch {torch} with the one vLLM pins; to keep it: pip install vllm -c c.txt "
-    "with torch=={torch} in c.txt, or pip install --no-deps vllm==VERSION and its requirements"
+_VLLM_REQUIRED = (  # (a constraints file keeping torch makes pip fail: vLLM pins its own)
+    "bucketpool.vllm.install() needs vLLM, which is not installed here. vLLM pins the torch it "
+    "is built for (0.33.0: torch==2.14.0), so 'pip install vllm' would replace torch {torch}. "
+    "To keep it: pip install --no-deps vllm==VERSION, then vLLM's other requirements by hand "
+    "('pip show vllm' names them), leaving out torch and what is built for one torch "
+    "(torchvision, torchaudio)"
 )
 _ADAPTERS = (compat.DescriptorBufferPool, compat.AliasedDescriptorBufferPool)
 _HOSTS = ("vllm", "vllm_ascend")  # the packages whose modules may bind vLLM's classes
@@ -183,8 +185,9 @@ def _find_target() -> ModuleType:
 def _missing_dependency(error: ModuleNotFoundError) -> ModuleNotFoundError:
     return ModuleNotFoundError(
         f"bucketpool.vllm.install(): vLLM imports {error.name!r}, which is not installed "
-        f"({error}); install it or vLLM's requirements (keep torch {torch.__version__}: pip "
-        f"install -c c.txt, c.txt holding torch=={torch.__version__})",
+        f"({error}); install it, keeping torch {torch.__version__}: pip install -c c.txt "
+        f"PACKAGE, c.txt holding torch=={torch.__version__} (pip then fails rather than "
+        "replace torch)",
         name=error.name,
     )
 

@@ -8,10 +8,15 @@ The stand-in classes behave like vLLM's: a LIFO pool of NamedTuples of three or 
 from __future__ import annotations
 
 import importlib
+import os
+import re
+import subprocess
 import sys
 import types
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import attrs
@@ -559,11 +564,62 @@ def test_without_vllm_install_says_vllm_is_required(monkeypatch: pytest.MonkeyPa
         bucketpool_vllm.install()
 
     message = str(caught.value)  # how to install vLLM without losing this torch
-    assert f"replace torch {torch.__version__}" in message
-    assert f"pip install vllm -c c.txt with torch=={torch.__version__} in c.txt" in message
-    assert "pip install --no-deps vllm==VERSION" in message
+    assert f"'pip install vllm' would replace torch {torch.__version__}" in message
+    assert "pip install --no-deps vllm==VERSION, then vLLM's other requirements" in message
+    assert "-c " not in message  # a constraints file keeping torch makes pip fail
     assert not isinstance(caught.value, ModuleNotFoundError)
     assert not bucketpool_vllm.installed()
+
+
+def stand_in_vllm_wheel(directory: Path) -> None:
+    """A wheel of vLLM 0.33.0 that pins its torch, as the real one does (and nothing else)."""
+    info = "vllm-0.33.0.dist-info"
+    files = {
+        "vllm/__init__.py": "__version__ = '0.33.0'\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n"
+        "Requires-Dist: torch==2.14.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(directory / "vllm-0.33.0-py3-none-any.whl", "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+
+
+def dry_run(directory: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """``pip install --dry-run`` from *directory* alone, with no configuration but ours."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    environment["PIP_CONFIG_FILE"] = os.devnull
+    options = ["--dry-run", "--no-index", "--find-links", str(directory)]
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *arguments, *options, "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=False,
+    )
+
+
+def test_the_advice_without_vllm_installs_vllm_and_keeps_torch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Issue: the advice pinned this torch in a constraints file, and pip then ended with
+    # ResolutionImpossible, vLLM pinning another torch (0.33.0: torch==2.14.0).
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match="needs vLLM") as caught:
+        bucketpool_vllm.install()
+    command = re.search(r"pip install --no-deps vllm==VERSION", str(caught.value))
+    assert command is not None
+    stand_in_vllm_wheel(tmp_path)
+    (tmp_path / "c.txt").write_text(f"torch=={torch.__version__}\n")
+    pinned = dry_run(tmp_path, "install", "-c", str(tmp_path / "c.txt"), "vllm==0.33.0")
+    assert "ResolutionImpossible" in pinned.stderr, pinned  # the wheel pins torch, as vLLM's
+
+    advised = dry_run(tmp_path, *command[0].replace("VERSION", "0.33.0").split()[1:])
+
+    assert advised.returncode == 0, advised
+    assert advised.stdout.splitlines()[-1] == "Would install vllm-0.33.0"  # torch untouched
 
 
 def test_vllm_without_the_module_says_so(build: Builder) -> None:
@@ -608,4 +664,5 @@ def test_a_vllm_that_cannot_import_a_dependency_says_which(
         bucketpool_vllm.install()  # it raised the bare error of vllm/__init__.py's import
 
     assert caught.value.name == "bucketpool_missing_dependency"
-    assert f"keep torch {torch.__version__}: pip install -c c.txt" in str(caught.value)
+    advice = f"keeping torch {torch.__version__}: pip install -c c.txt PACKAGE"
+    assert advice in str(caught.value)
