@@ -63,35 +63,54 @@ def install(*, kv_offload: bool = False) -> None:
     vllm-ascend's) modules bind them, and wraps ``ECCPUWorker.shutdown`` to release the
     triples it drops (docs/compat.md).  Only pools created afterwards are bucketpool's: call
     it in every process before vLLM builds its workers.  Again while installed: nothing more
-    (with *kv_offload*: serves modules imported since).  Serialised by a lock.
+    (with *kv_offload*: serves modules imported since).  All or nothing: one that raises
+    has changed nothing.  Serialised by a lock.
 
     Args:
-        kv_offload: also serve vLLM's (and vllm-ascend's) KV-offload handlers.
+        kv_offload: also serve vLLM's (and vllm-ascend's) KV-offload handlers.  vLLM's KV
+            offload pins memory, so it needs an accelerator: without one, leave it False.
 
     Raises:
         ImportError: no vLLM, no EC CPU ``descriptor_buffers`` module or (*kv_offload*) no
             KV-offload worker; `ModuleNotFoundError` naming a module vLLM imports that is
             not installed.
-        RuntimeError: vLLM's descriptors are of fields or dtypes bucketpool cannot serve;
-            nothing of that part was replaced (the EC part installs first).
+        RuntimeError: vLLM's descriptors are of fields or dtypes bucketpool cannot serve, or
+            (*kv_offload*) vLLM asks for pinned ones where torch cannot pin.
     """
     with _lock:
-        _install_ec()
-        if kv_offload:
+        stale = _record()
+        ec = None
+        if stale is None or not _in_effect(stale):
+            module = _find_target()
+            ec = module, _adapters(module)  # vLLM's pool asked; nothing changed yet
+        if kv_offload:  # it replaces all or nothing, so it goes before the EC part
             importlib.import_module("vllm.v1.kv_offload.cpu.gpu_worker")
-            _kv_offload.install(_vllm_modules())
+            _install_kv()
+        if ec is not None:
+            _install_ec(stale, *ec)
 
 
-def _install_ec() -> None:
+def _install_kv() -> None:
+    try:
+        _kv_offload.install(_vllm_modules())
+    except RuntimeError as error:
+        try:
+            torch.empty(0, pin_memory=True)
+        except RuntimeError:
+            raise RuntimeError(
+                f"{error}. vLLM's KV offload pins memory, which needs an accelerator, and "
+                "torch can pin none here: call bucketpool.vllm.install() without kv_offload"
+            ) from error
+        raise
+
+
+def _install_ec(
+    stale: _Installed | None, module: ModuleType, replacements: tuple[object, object]
+) -> None:
     global _installed
-    stale = _record()
     if stale is not None:
-        if _in_effect(stale):
-            return
         _undo(stale)  # vLLM's module was reloaded or imported anew since
-    module = _find_target()
     originals = (module.DescriptorBufferPool, module.DescriptorBuffers)
-    replacements = _adapters(module)
     swaps: _Swaps = tuple(zip(originals, replacements, strict=True))
     if stale is not None:  # modules that did not reload still bind the classes it replaced
         swaps += tuple(

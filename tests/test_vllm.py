@@ -557,6 +557,52 @@ def test_a_pool_that_cannot_be_asked_raises_and_changes_nothing(
     assert_untouched(tree)
 
 
+def torch_can_pin() -> bool:
+    try:
+        torch.empty(0, pin_memory=True)
+    except RuntimeError:  # "pin_memory=True requires a CUDA or other accelerator backend"
+        return False
+    return True
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["float32", "pinned-int64"])
+def test_a_kv_part_that_fails_installs_nothing(build: Builder, pinned: bool) -> None:
+    # Issue: on a host that cannot pin, install(kv_offload=True) raised "nothing was
+    # replaced" with the EC part installed: installed() True, vLLM's pool swapped.
+    if pinned and torch_can_pin():
+        pytest.skip("torch can pin here: vLLM's pinned descriptors are served")
+    tree = build.tree(AliasedBuffers)
+    worker = types.ModuleType("vllm.v1.kv_offload.cpu.gpu_worker")
+    dtype = torch.int64 if pinned else torch.float32
+
+    def _new_descriptor_buffers(n: int) -> tuple[torch.Tensor, ...]:  # vLLM's, with PIN_MEMORY
+        return tuple(torch.empty(n, dtype=dtype, pin_memory=pinned) for _ in range(3))
+
+    vars(worker)["_new_descriptor_buffers"] = _new_descriptor_buffers
+    build.register(worker)
+
+    with pytest.raises(RuntimeError, match="nothing was replaced") as caught:
+        bucketpool_vllm.install(kv_offload=True)
+
+    assert ("KV offload pins memory, which needs an accelerator" in str(caught.value)) is (
+        not torch_can_pin()
+    )
+    assert_untouched(tree)
+    assert worker._new_descriptor_buffers is _new_descriptor_buffers
+    assert not bucketpool_vllm.installed()
+
+
+def test_no_kv_worker_installs_nothing(build: Builder, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = build.tree(AliasedBuffers)
+    monkeypatch.setitem(sys.modules, "vllm.v1.kv_offload.cpu.gpu_worker", None)
+
+    with pytest.raises(ImportError, match=r"vllm\.v1\.kv_offload\.cpu\.gpu_worker"):
+        bucketpool_vllm.install(kv_offload=True)
+
+    assert_untouched(tree)
+    assert not bucketpool_vllm.installed()
+
+
 def test_without_vllm_install_says_vllm_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # what an absent package looks like
 
