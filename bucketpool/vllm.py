@@ -20,6 +20,7 @@ import torch
 
 from bucketpool import _kv_offload, compat
 from bucketpool._errors import ReleaseError
+from bucketpool.compat import _Adapter
 
 __all__ = ["install", "installed", "uninstall"]
 
@@ -35,7 +36,6 @@ _VLLM_REQUIRED = (  # (a constraints file keeping torch makes pip fail: vLLM pin
     "('pip show vllm' names them), leaving out torch and what is built for one torch "
     "(torchvision, torchaudio)"
 )
-_ADAPTERS = (compat.DescriptorBufferPool, compat.AliasedDescriptorBufferPool)
 _HOSTS = ("vllm", "vllm_ascend")  # the packages whose modules may bind vLLM's classes
 _RECORD = "__bucketpool_installed__"  # on vLLM's module: the `_Installed` of the install there
 _Swaps = tuple[tuple[object, object], ...]  # (original, replacement) pairs
@@ -224,7 +224,7 @@ def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object]
     @functools.wraps(original)
     def shutdown(self: typing.Any) -> None:
         pool = getattr(self, "_buf_pool", None)
-        if not isinstance(pool, _ADAPTERS):  # vLLM's own pool, or none (a test's mock)
+        if not isinstance(pool, _Adapter):  # vLLM's own pool, or none (a test's mock)
             original(self)
             return
         flights = (*getattr(self, "_inflight_saves", ()), *getattr(self, "_inflight_loads", ()))
@@ -240,14 +240,10 @@ def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object]
 
 
 def _adapters(module: ModuleType) -> tuple[object, object]:
-    """Return the pool factory and tuple class that stand in for *module*'s classes.
-
-    The factory is a partial (the compat classes are final) carrying vLLM's dtype; this
-    install's own object, it lets `uninstall` spare modules that use bucketpool on purpose.
-    """
+    """Return the pool class and tuple class that stand in for *module*'s classes."""
     fields: object = getattr(module.DescriptorBuffers, "_fields", None)
     if fields == _TENSOR_FIELDS:
-        pool_class: type[compat.DescriptorBufferPool | compat.AliasedDescriptorBufferPool]
+        pool_class: type[_Adapter[typing.Any]]
         buffers: type[compat.DescriptorBuffers | compat.AliasedDescriptorBuffers]
         pool_class, buffers = compat.DescriptorBufferPool, compat.DescriptorBuffers
     elif fields == _ALIASED_FIELDS:
@@ -262,7 +258,29 @@ def _adapters(module: ModuleType) -> tuple[object, object]:
         lambda: operator.attrgetter(*_TENSOR_FIELDS)(module.DescriptorBufferPool().acquire(1)),
         f"{module.__name__}.DescriptorBufferPool().acquire(1)",
     )
-    return functools.partial(pool_class, dtype=dtype), buffers
+    return _pool_class(pool_class, dtype), buffers
+
+
+def _pool_class(
+    adapter: type[_Adapter[typing.Any]], vllm_dtype: torch.dtype
+) -> type[_Adapter[typing.Any]]:
+    """The class put in place of vLLM's pool: *adapter*'s, with *vllm_dtype* by default.
+
+    It subclasses what the adapters share, as they are final, and is open to subclasses as
+    vLLM's is (vllm-ascend's subclass vLLM's classes).  A new class per install, so that
+    `uninstall` tells it from an adapter a module binds on purpose.
+    """
+
+    class DescriptorBufferPool(_Adapter[typing.Any]):
+        """vLLM's pool while `install` is in effect: a compat adapter with vLLM's dtype."""
+
+        _held = adapter._held
+        _fields = adapter._fields
+
+        def __init__(self, *, dtype: torch.dtype = vllm_dtype) -> None:
+            super().__init__(dtype=dtype)
+
+    return DescriptorBufferPool
 
 
 def _vllm_modules(*first: ModuleType) -> list[ModuleType]:

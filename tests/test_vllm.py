@@ -209,7 +209,7 @@ def test_three_fields_get_the_three_field_adapter(build: Builder, dtype: torch.d
         assert module.DescriptorBuffers is compat.DescriptorBuffers
         assert module.DescriptorBufferPool is tree.module.DescriptorBufferPool
     pool = tree.worker.DescriptorBufferPool()  # as vLLM calls it: no arguments
-    assert type(pool) is compat.DescriptorBufferPool
+    assert isinstance(pool, tree.worker.DescriptorBufferPool)
     bufs = pool.acquire(5)
     assert isinstance(bufs, compat.DescriptorBuffers)  # a private subclass, see compat
     assert [t.dtype for t in bufs] == [dtype] * 3
@@ -231,7 +231,7 @@ def test_six_fields_get_the_aliased_adapter(build: Builder, dtype: torch.dtype) 
         assert module.DescriptorBuffers is compat.AliasedDescriptorBuffers
         assert module.DescriptorBufferPool is tree.module.DescriptorBufferPool
     pool = tree.worker.DescriptorBufferPool()
-    assert type(pool) is compat.AliasedDescriptorBufferPool
+    assert isinstance(pool, tree.worker.DescriptorBufferPool)
     bufs = pool.acquire(4)
     assert isinstance(bufs, compat.AliasedDescriptorBuffers)
     assert [t.dtype for t in bufs[:3]] == [dtype] * 3
@@ -243,6 +243,45 @@ def test_six_fields_get_the_aliased_adapter(build: Builder, dtype: torch.dtype) 
     assert bufs.dst_ptrs[1:3].tolist() == [16, 32]
     assert bufs.sizes[1:3].tolist() == [8, 8]
     pool.release(bufs)
+
+
+@pytest.mark.parametrize("buffers", [TensorBuffers, AliasedBuffers], ids=["three", "six"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
+def test_vllms_pool_stays_a_class_to_check_and_subclass(
+    build: Builder, buffers: Callable[..., tuple[Any, ...]], dtype: torch.dtype
+) -> None:
+    # Issue: install() put a functools.partial in its place: isinstance raised TypeError
+    # and a subclass (vllm-ascend subclasses vLLM's classes) a metaclass conflict.
+    tree = build.tree(buffers, (dtype,) * 3)
+    bucketpool_vllm.install()
+    installed = tree.worker.DescriptorBufferPool
+    plugin = types.ModuleType("vllm_ascend.stand_in_pool")
+    build.register(plugin)
+
+    class AscendPool(installed):  # type: ignore[misc, valid-type]  # as a plugin writes it
+        def __init__(self) -> None:
+            super().__init__()
+            self.acquired: list[int] = []
+
+        def acquire(self, n: int) -> Any:
+            self.acquired.append(n)
+            return super().acquire(n)
+
+    plugin.AscendPool = AscendPool  # type: ignore[attr-defined]
+    pool = AscendPool()
+    bufs = pool.acquire(3)
+
+    assert isinstance(pool, installed)
+    assert isinstance(installed(), installed)
+    assert not isinstance(tree.pool(), installed)
+    assert pool.acquired == [3]
+    assert [t.dtype for t in bufs[:3]] == [dtype] * 3  # vLLM's, through super().__init__()
+    assert isinstance(bufs, tree.worker.DescriptorBuffers)  # bucketpool's, rebound there
+    pool.release(bufs)
+    assert pool.pool.stats().active_requests.current == 0
+    bucketpool_vllm.uninstall()
+    assert_untouched(tree)
+    assert plugin.AscendPool is AscendPool  # a plugin's own class is no binding of install's
 
 
 def test_install_twice_is_harmless(build: Builder) -> None:
@@ -453,7 +492,7 @@ def test_vllms_module_imported_anew_ends_the_install(build: Builder) -> None:
     bufs = pool.acquire(1)
     assert bufs.src_ptrs.dtype == torch.int64
     pool.release(bufs)
-    assert type(pool).__module__ == "bucketpool.compat"
+    assert type(pool).__module__ == "bucketpool.vllm"
     bucketpool_vllm.uninstall()
     assert not bucketpool_vllm.installed()
     assert_untouched(tree)  # the old module and the worker got vLLM's classes back too
