@@ -1,6 +1,8 @@
 """Put bucketpool's adapters in place of vLLM's ``DescriptorBufferPool``, and take them out.
 
-vLLM is not a dependency of bucketpool: it is imported only when `install` runs.
+vLLM is not a dependency of bucketpool: it is imported only when `install` runs.  The vLLM
+versions it was tested with are 0.33.0 and 0.34.0; on another, `install` installs nothing
+unless told to (``untested=True``), and says so in vLLM's log.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import logging
 import operator
 import sys
 import threading
@@ -22,7 +25,9 @@ from bucketpool import _kv_offload, compat
 from bucketpool._errors import ReleaseError
 from bucketpool.compat import _Adapter
 
-__all__ = ["install", "installed", "uninstall"]
+__all__ = ["InstallResult", "install", "installed", "uninstall"]
+
+_TESTED = ("0.33.0", "0.34.0")  # the vLLM versions bucketpool.vllm was tested with
 
 _CANONICAL_PATH = "vllm.backends.distributed.ec_transfer.ec_connector.cpu.worker.descriptor_buffers"
 _LEGACY_PATH = "vllm.distributed.ec_transfer.ec_connector.cpu.worker.descriptor_buffers"
@@ -32,13 +37,37 @@ _ALIASED_FIELDS = (*_TENSOR_FIELDS, "src_np", "dst_np", "sizes_np")
 _VLLM_REQUIRED = (  # (a constraints file keeping torch makes pip fail: vLLM pins its own)
     "bucketpool.vllm.install() needs vLLM, which is not installed here. vLLM pins the torch it "
     "is built for (0.33.0: torch==2.14.0), so 'pip install vllm' would replace torch {torch}. "
-    "To keep it: pip install --no-deps vllm==VERSION, then vLLM's other requirements by hand "
-    "('pip show vllm' names them), leaving out torch and what is built for one torch "
-    "(torchvision, torchaudio)"
+    "To keep it: pip install --no-deps vllm==VERSION (bucketpool is tested with "
+    f"{' and '.join(_TESTED)}), then vLLM's other requirements by hand ('pip show vllm' "
+    "names them), leaving out torch and what is built for one torch (torchvision, torchaudio)"
+)
+_UNTESTED = (
+    "bucketpool.vllm.install() installed nothing: bucketpool is tested with vLLM %s, not %s. "
+    "install(untested=True) installs it all the same"
 )
 _HOSTS = ("vllm", "vllm_ascend")  # the packages whose modules may bind vLLM's classes
 _RECORD = "__bucketpool_installed__"  # on vLLM's module: the `_Installed` of the install there
 _Swaps = tuple[tuple[object, object], ...]  # (original, replacement) pairs
+_logger = logging.getLogger("vllm.bucketpool")  # under vLLM's: its handler, its level
+
+
+@typing.final
+@attrs.frozen
+class InstallResult:
+    """What `install` did, and with which vLLM.
+
+    Attributes:
+        installed: whether bucketpool serves vLLM after the call; False only where vLLM's
+            version is not one bucketpool was tested with and ``untested`` was not given:
+            then nothing was done.
+        vllm_version: ``vllm.__version__`` ("unknown" where vLLM has none).
+        tested: whether bucketpool was tested with that version, 0.33.0 or 0.34.0 (a local
+            label, as in ``0.33.0+cu129``, aside).
+    """
+
+    installed: bool
+    vllm_version: str
+    tested: bool
 
 
 @attrs.frozen
@@ -56,7 +85,7 @@ _lock: threading.Lock = globals().get("_lock") or threading.Lock()
 _installed: _Installed | None = globals().get("_installed")
 
 
-def install(*, kv_offload: bool = False) -> None:
+def install(*, kv_offload: bool = False, untested: bool = False) -> InstallResult:
     """Make vLLM's EC CPU worker, and its KV-offload handlers if asked, use bucketpool.
 
     Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's (and
@@ -64,11 +93,16 @@ def install(*, kv_offload: bool = False) -> None:
     triples it drops (docs/compat.md).  Only pools created afterwards are bucketpool's: call
     it in every process before vLLM builds its workers.  Again while installed: nothing more
     (with *kv_offload*: serves modules imported since).  All or nothing: one that raises
-    has changed nothing.  Serialised by a lock.
+    has changed nothing.  On a vLLM bucketpool was not tested with, nothing, and one warning
+    in vLLM's log (logger ``vllm.bucketpool``).  Serialised by a lock.
 
     Args:
         kv_offload: also serve vLLM's (and vllm-ascend's) KV-offload handlers.  vLLM's KV
             offload pins memory, so it needs an accelerator: without one, leave it False.
+        untested: install on a vLLM version bucketpool was not tested with, too.
+
+    Returns:
+        Whether it installed, and which vLLM it found.
 
     Raises:
         ImportError: no vLLM, no EC CPU ``descriptor_buffers`` module or (*kv_offload*) no
@@ -78,16 +112,22 @@ def install(*, kv_offload: bool = False) -> None:
             (*kv_offload*) vLLM asks for pinned ones where torch cannot pin.
     """
     with _lock:
+        version = _vllm_version()
+        tested = version.partition("+")[0] in _TESTED
+        if not (tested or untested):
+            _logger.warning(_UNTESTED, " and ".join(_TESTED), version)
+            return InstallResult(installed=False, vllm_version=version, tested=False)
         stale = _record()
         ec = None
         if stale is None or not _in_effect(stale):
-            module = _find_target()
+            module = _find_target(version)
             ec = module, _adapters(module)  # vLLM's pool asked; nothing changed yet
         if kv_offload:  # it replaces all or nothing, so it goes before the EC part
             importlib.import_module("vllm.v1.kv_offload.cpu.gpu_worker")
             _install_kv()
         if ec is not None:
             _install_ec(stale, *ec)
+    return InstallResult(installed=True, vllm_version=version, tested=tested)
 
 
 def _install_kv() -> None:
@@ -177,14 +217,19 @@ def _in_effect(record: _Installed) -> bool:
     return current and getattr(target, "DescriptorBufferPool", None) is record.swaps[0][1]
 
 
-def _find_target() -> ModuleType:
-    """Import vLLM's descriptor-buffers module, from its canonical path or the older one."""
+def _vllm_version() -> str:
+    """Import vLLM; return its version."""
     try:
         import vllm
     except ModuleNotFoundError as error:
         if error.name != "vllm":
             raise _missing_dependency(error) from error
         raise ImportError(_VLLM_REQUIRED.format(torch=torch.__version__), name="vllm") from None
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def _find_target(version: str) -> ModuleType:
+    """Import vLLM's descriptor-buffers module, from its canonical path or the older one."""
     for path in _PATHS:
         try:
             return importlib.import_module(path)
@@ -192,7 +237,6 @@ def _find_target() -> ModuleType:
             missing = error.name or ""
             if path != missing and not path.startswith(missing + "."):
                 raise _missing_dependency(error) from error  # the module exists; an import fails
-    version = getattr(vllm, "__version__", "(unknown version)")
     raise ImportError(
         f"vLLM {version} has no EC CPU connector descriptor-buffers module (looked for "
         f"{_CANONICAL_PATH} and {_LEGACY_PATH}); bucketpool.vllm.install() needs a vLLM "

@@ -8,6 +8,7 @@ The stand-in classes behave like vLLM's: a LIFO pool of NamedTuples of three or 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
 import subprocess
@@ -139,7 +140,7 @@ class Builder:
             setattr(parent, child, module)
         self._monkeypatch.setitem(sys.modules, name, module)
 
-    def vllm(self, version: str = "0.0.0-stand-in") -> types.ModuleType:
+    def vllm(self, version: str = "0.33.0") -> types.ModuleType:  # one bucketpool was tested with
         root = self.package("vllm")
         root.__version__ = version  # type: ignore[attr-defined]
         return root
@@ -510,6 +511,70 @@ def test_pools_made_before_install_stay_vllms(build: Builder) -> None:
     assert type(before) is tree.pool
 
 
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0", "0.33.0+cu129"])
+def test_a_tested_vllm_is_installed_and_says_so(build: Builder, version: str) -> None:
+    build.tree(AliasedBuffers)
+    build.vllm(version)
+
+    result = bucketpool_vllm.install()
+
+    assert result == bucketpool_vllm.InstallResult(
+        installed=True, vllm_version=version, tested=True
+    )
+    assert bucketpool_vllm.installed()
+
+
+def untested_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "vllm.bucketpool" and record.levelno == logging.WARNING
+    ]
+
+
+@pytest.mark.parametrize("version", ["0.35.0", "0.33.1", "0.34.0rc1", "dev", None])
+@pytest.mark.parametrize("kv_offload", [False, True])
+def test_an_untested_vllm_gets_nothing_and_one_warning(
+    build: Builder, caplog: pytest.LogCaptureFixture, version: str | None, kv_offload: bool
+) -> None:
+    tree = build.tree(AliasedBuffers)
+    if version is None:
+        del sys.modules["vllm"].__version__  # (monkeypatch restores the whole module)
+    else:
+        build.vllm(version)
+    shown = version or "unknown"
+
+    with caplog.at_level(logging.WARNING, logger="vllm.bucketpool"):
+        result = bucketpool_vllm.install(kv_offload=kv_offload)
+
+    assert result == bucketpool_vllm.InstallResult(
+        installed=False, vllm_version=shown, tested=False
+    )
+    assert_untouched(tree)
+    assert not bucketpool_vllm.installed()
+    assert untested_warnings(caplog) == [
+        "bucketpool.vllm.install() installed nothing: bucketpool is tested with vLLM 0.33.0 "
+        f"and 0.34.0, not {shown}. install(untested=True) installs it all the same"
+    ]
+
+
+def test_untested_true_installs_on_an_untested_vllm(
+    build: Builder, caplog: pytest.LogCaptureFixture
+) -> None:
+    tree = build.tree(AliasedBuffers)
+    build.vllm("0.35.0")
+
+    with caplog.at_level(logging.WARNING, logger="vllm.bucketpool"):
+        result = bucketpool_vllm.install(untested=True)
+
+    assert result == bucketpool_vllm.InstallResult(
+        installed=True, vllm_version="0.35.0", tested=False
+    )
+    assert tree.module.DescriptorBuffers is compat.AliasedDescriptorBuffers
+    assert bucketpool_vllm.installed()
+    assert untested_warnings(caplog) == []
+
+
 # -- uninstall -----------------------------------------------------------------------------
 
 
@@ -650,7 +715,10 @@ def test_without_vllm_install_says_vllm_is_required(monkeypatch: pytest.MonkeyPa
 
     message = str(caught.value)  # how to install vLLM without losing this torch
     assert f"'pip install vllm' would replace torch {torch.__version__}" in message
-    assert "pip install --no-deps vllm==VERSION, then vLLM's other requirements" in message
+    assert "pip install --no-deps vllm==VERSION (bucketpool is tested with 0.33.0 and 0.34.0)" in (
+        message
+    )
+    assert "then vLLM's other requirements by hand" in message
     assert "-c " not in message  # a constraints file keeping torch makes pip fail
     assert not isinstance(caught.value, ModuleNotFoundError)
     assert not bucketpool_vllm.installed()
@@ -711,7 +779,7 @@ def test_vllm_without_the_module_says_so(build: Builder) -> None:
     build.vllm("0.6.0")
 
     with pytest.raises(ImportError, match=r"vLLM 0\.6\.0 has no EC CPU") as caught:
-        bucketpool_vllm.install()
+        bucketpool_vllm.install(untested=True)
 
     assert f"{LEGACY}.worker.descriptor_buffers" in str(caught.value)
 

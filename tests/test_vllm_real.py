@@ -226,6 +226,19 @@ def test_random_steps_match_vllms_own_pool(
     assert adapted[:-1] == original[:-1]
 
 
+def test_install_says_it_installed_on_a_vllm_it_was_tested_with(
+    worker_module: types.ModuleType,
+) -> None:
+    """The wheel in use is one ``install()`` was tested with: it installs, and says so."""
+    version = sys.modules["vllm"].__version__  # the wheel's: vllm/_version.py
+
+    result = bucketpool_vllm.install()
+
+    assert result == bucketpool_vllm.InstallResult(
+        installed=True, vllm_version=version, tested=True
+    )
+
+
 def test_vllms_pool_after_install_is_a_class_with_vllms_dtype(
     worker_module: types.ModuleType,
 ) -> None:
