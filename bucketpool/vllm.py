@@ -2,7 +2,9 @@
 
 vLLM is not a dependency of bucketpool: it is imported only when `install` runs.  The vLLM
 versions it was tested with are 0.33.0 and 0.34.0; on another, `install` installs nothing
-unless told to (``untested=True``), and says so in vLLM's log.
+unless told to (``untested=True``), and says so in vLLM's log.  `plugin` is bucketpool's
+``vllm.general_plugins`` entry point: ``BUCKETPOOL_VLLM=ec`` turns `install` on in every
+process vLLM starts.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 import importlib
 import logging
 import operator
+import os
 import sys
 import threading
 import typing
@@ -25,7 +28,7 @@ from bucketpool import _kv_offload, compat
 from bucketpool._errors import ReleaseError
 from bucketpool.compat import _Adapter
 
-__all__ = ["InstallResult", "install", "installed", "uninstall"]
+__all__ = ["InstallResult", "install", "installed", "plugin", "uninstall"]
 
 _TESTED = ("0.33.0", "0.34.0")  # the vLLM versions bucketpool.vllm was tested with
 
@@ -43,8 +46,10 @@ _VLLM_REQUIRED = (  # (a constraints file keeping torch makes pip fail: vLLM pin
 )
 _UNTESTED = (
     "bucketpool.vllm.install() installed nothing: bucketpool is tested with vLLM %s, not %s. "
-    "install(untested=True) installs it all the same"
+    "install(untested=True), or BUCKETPOOL_VLLM_UNTESTED=1 for the plugin, installs it all "
+    "the same"
 )
+_PARTS = {"": None, "ec": False, "ec,kv": True}  # $BUCKETPOOL_VLLM: install's kv_offload
 _HOSTS = ("vllm", "vllm_ascend")  # the packages whose modules may bind vLLM's classes
 _RECORD = "__bucketpool_installed__"  # on vLLM's module: the `_Installed` of the install there
 _Swaps = tuple[tuple[object, object], ...]  # (original, replacement) pairs
@@ -128,6 +133,36 @@ def install(*, kv_offload: bool = False, untested: bool = False) -> InstallResul
         if ec is not None:
             _install_ec(stale, *ec)
     return InstallResult(installed=True, vllm_version=version, tested=tested)
+
+
+def plugin() -> None:
+    """Install as ``$BUCKETPOOL_VLLM`` says: vLLM runs it in every process it starts.
+
+    bucketpool's ``vllm.general_plugins`` entry point, named ``bucketpool`` (the name
+    ``$VLLM_PLUGINS`` selects it by).  ``BUCKETPOOL_VLLM`` unset or empty: nothing;
+    ``ec``: `install`; ``ec,kv``: ``install(kv_offload=True)``.  ``BUCKETPOOL_VLLM_UNTESTED``
+    unset or empty, or ``1``: ``untested=True``.
+
+    Raises:
+        ValueError: either variable holds another value; nothing was installed.
+        ImportError: as `install`.
+        RuntimeError: as `install`.
+    """
+    parts = os.environ.get("BUCKETPOOL_VLLM", "")
+    untested = os.environ.get("BUCKETPOOL_VLLM_UNTESTED", "")
+    if parts not in _PARTS:
+        raise ValueError(
+            f"BUCKETPOOL_VLLM={parts!r}: bucketpool's vLLM plugin accepts 'ec' (install()), "
+            "'ec,kv' (install(kv_offload=True)), or nothing (unset or empty)"
+        )
+    if untested not in ("", "1"):
+        raise ValueError(
+            f"BUCKETPOOL_VLLM_UNTESTED={untested!r}: bucketpool's vLLM plugin accepts '1' "
+            "(install on a vLLM bucketpool was not tested with), or nothing (unset or empty)"
+        )
+    kv_offload = _PARTS[parts]
+    if kv_offload is not None:
+        install(kv_offload=kv_offload, untested=bool(untested))
 
 
 def _install_kv() -> None:

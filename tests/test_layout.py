@@ -61,14 +61,14 @@ def test_no_module_is_over_450_lines(path: pathlib.Path) -> None:
     assert len(path.read_text().splitlines()) <= 450
 
 
-def test_the_package_is_at_most_4185_lines() -> None:
+def test_the_package_is_at_most_4220_lines() -> None:
     # 3,600 for the EC pool and its drop-in (issue 23); 350 more for serving vLLM's other
     # swap_blocks_batch callers, the KV-offload handlers and HiSparse (issue 28); 150 more
-    # for the adapters' own hand-out (`_lend`), free in vLLM's real step (issue 32); 85 for
-    # an install(kv_offload=True) that changes nothing when it fails, a class in place of
-    # vLLM's pool that vLLM's code and plugins can subclass, and the vLLM versions install()
-    # was tested with, with a record of what it did.
-    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4185
+    # for the adapters' own hand-out (`_lend`), free in vLLM's real step (issue 32); 120
+    # for install() as deployments use it: all or nothing, a class in place of vLLM's pool
+    # that vLLM's code and plugins can subclass, the vLLM versions it was tested with and a
+    # record of what it did, and the vLLM plugin that runs it in every process.
+    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4220
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)

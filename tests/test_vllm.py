@@ -554,7 +554,8 @@ def test_an_untested_vllm_gets_nothing_and_one_warning(
     assert not bucketpool_vllm.installed()
     assert untested_warnings(caplog) == [
         "bucketpool.vllm.install() installed nothing: bucketpool is tested with vLLM 0.33.0 "
-        f"and 0.34.0, not {shown}. install(untested=True) installs it all the same"
+        f"and 0.34.0, not {shown}. install(untested=True), or BUCKETPOOL_VLLM_UNTESTED=1 for "
+        "the plugin, installs it all the same"
     ]
 
 
