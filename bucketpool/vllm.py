@@ -62,9 +62,9 @@ class InstallResult:
     """What `install` did, and with which vLLM.
 
     Attributes:
-        installed: whether bucketpool serves vLLM after the call; False only where vLLM's
-            version is not one bucketpool was tested with and ``untested`` was not given:
-            then nothing was done.
+        installed: True once the call has put bucketpool in place (or found it there);
+            False where vLLM's version is not one bucketpool was tested with and
+            ``untested`` was not given: the call did nothing.
         vllm_version: ``vllm.__version__`` ("unknown" where vLLM has none).
         tested: whether bucketpool was tested with that version, 0.33.0 or 0.34.0 (a local
             label, as in ``0.33.0+cu129``, aside).
@@ -140,8 +140,8 @@ def plugin() -> None:
 
     bucketpool's ``vllm.general_plugins`` entry point, named ``bucketpool`` (the name
     ``$VLLM_PLUGINS`` selects it by).  ``BUCKETPOOL_VLLM`` unset or empty: nothing;
-    ``ec``: `install`; ``ec,kv``: ``install(kv_offload=True)``.  ``BUCKETPOOL_VLLM_UNTESTED``
-    unset or empty, or ``1``: ``untested=True``.
+    ``ec``: `install`; ``ec,kv``: ``install(kv_offload=True)``.
+    ``BUCKETPOOL_VLLM_UNTESTED=1`` adds ``untested=True`` (unset or empty: not).
 
     Raises:
         ValueError: either variable holds another value; nothing was installed.
