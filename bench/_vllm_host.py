@@ -5,8 +5,8 @@ The benchmark's host-step cases (`bench._host_step`) and the tests against vLLM
 wheel installed without its dependencies (``.ci/setup`` puts it in ``.vllm/site``; see
 `vllm_locations`).  vLLM's own ``__init__`` files pull in most of its dependencies, so the
 packages on the way are registered as bare packages over the real directories (their
-``__init__`` never runs), and the few modules the workers import from elsewhere are small
-stand-ins:
+``__init__`` never runs; ``vllm`` gets the ``__version__`` its ``__init__`` would set), and
+the few modules the workers import from elsewhere are small stand-ins:
 
 - ``vllm._custom_ops.swap_blocks_batch`` queues a `bucketpool.testing.swap_blocks_batch`
   call on the `HostDevice`;
@@ -31,6 +31,7 @@ import importlib.util
 import logging
 import os
 import random
+import runpy
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -277,7 +278,18 @@ def _bare(name: str, locations: list[str]) -> types.ModuleType:
     """A package over the real directory of *name*; its ``__init__`` never runs."""
     package = _module(name)
     package.__path__ = ["/".join([place, *name.split(".")[1:]]) for place in locations]
+    if name == "vllm":
+        package.__version__ = _version(locations)  # type: ignore[attr-defined]
     return package
+
+
+def _version(locations: list[str]) -> str:
+    """The wheel's version, which ``vllm/__init__`` sets first (``vllm/version.py``: "dev")."""
+    for place in locations:
+        path = Path(place, "_version.py")  # generated when the wheel was built
+        if path.is_file():
+            return str(runpy.run_path(str(path))["__version__"])
+    return "dev"
 
 
 def _stubs(locations: list[str], platform: HostPlatform) -> list[types.ModuleType]:

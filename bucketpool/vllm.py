@@ -1,6 +1,10 @@
 """Put bucketpool's adapters in place of vLLM's ``DescriptorBufferPool``, and take them out.
 
-vLLM is not a dependency of bucketpool: it is imported only when `install` runs.
+vLLM is not a dependency of bucketpool: it is imported only when `install` runs.  The vLLM
+versions it was tested with are 0.33.0 and 0.34.0; on another, `install` installs nothing
+unless told to (``untested=True``), and says so in vLLM's log.  `plugin` is bucketpool's
+``vllm.general_plugins`` entry point: ``BUCKETPOOL_VLLM=ec`` turns `install` on in every
+process vLLM starts.
 """
 
 from __future__ import annotations
@@ -8,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import logging
 import operator
+import os
 import sys
 import threading
 import typing
@@ -20,23 +26,53 @@ import torch
 
 from bucketpool import _kv_offload, compat
 from bucketpool._errors import ReleaseError
+from bucketpool.compat import _Adapter
 
-__all__ = ["install", "installed", "uninstall"]
+__all__ = ["InstallResult", "install", "installed", "plugin", "uninstall"]
+
+_TESTED = ("0.33.0", "0.34.0")  # the vLLM versions bucketpool.vllm was tested with
 
 _CANONICAL_PATH = "vllm.backends.distributed.ec_transfer.ec_connector.cpu.worker.descriptor_buffers"
 _LEGACY_PATH = "vllm.distributed.ec_transfer.ec_connector.cpu.worker.descriptor_buffers"
 _PATHS = (_CANONICAL_PATH, _LEGACY_PATH)
 _TENSOR_FIELDS = ("src_ptrs", "dst_ptrs", "sizes")
 _ALIASED_FIELDS = (*_TENSOR_FIELDS, "src_np", "dst_np", "sizes_np")
-_VLLM_REQUIRED = (
-    "bucketpool.vllm.install() needs vLLM, which is not installed here. 'pip install vllm' "
-    "would replace torch {torch} with the one vLLM pins; to keep it: pip install vllm -c c.txt "
-    "with torch=={torch} in c.txt, or pip install --no-deps vllm==VERSION and its requirements"
+_VLLM_REQUIRED = (  # (a constraints file keeping torch makes pip fail: vLLM pins its own)
+    "bucketpool.vllm.install() needs vLLM, which is not installed here. vLLM pins the torch it "
+    "is built for (0.33.0: torch==2.14.0), so 'pip install vllm' would replace torch {torch}. "
+    "To keep it: pip install --no-deps vllm==VERSION (bucketpool is tested with "
+    f"{' and '.join(_TESTED)}), then vLLM's other requirements by hand ('pip show vllm' "
+    "names them), leaving out torch and what is built for one torch (torchvision, torchaudio)"
 )
-_ADAPTERS = (compat.DescriptorBufferPool, compat.AliasedDescriptorBufferPool)
+_UNTESTED = (
+    "bucketpool.vllm.install() installed nothing: bucketpool is tested with vLLM %s, not %s. "
+    "install(untested=True), or BUCKETPOOL_VLLM_UNTESTED=1 for the plugin, installs it all "
+    "the same"
+)
+_PARTS = {"": None, "ec": False, "ec,kv": True}  # $BUCKETPOOL_VLLM: install's kv_offload
 _HOSTS = ("vllm", "vllm_ascend")  # the packages whose modules may bind vLLM's classes
 _RECORD = "__bucketpool_installed__"  # on vLLM's module: the `_Installed` of the install there
 _Swaps = tuple[tuple[object, object], ...]  # (original, replacement) pairs
+_logger = logging.getLogger("vllm.bucketpool")  # under vLLM's: its handler, its level
+
+
+@typing.final
+@attrs.frozen
+class InstallResult:
+    """What `install` did, and with which vLLM.
+
+    Attributes:
+        installed: True once the call has put bucketpool in place (or found it there);
+            False where vLLM's version is not one bucketpool was tested with and
+            ``untested`` was not given: the call did nothing.
+        vllm_version: ``vllm.__version__`` ("unknown" where vLLM has none).
+        tested: whether bucketpool was tested with that version, 0.33.0 or 0.34.0 (a local
+            label, as in ``0.33.0+cu129``, aside).
+    """
+
+    installed: bool
+    vllm_version: str
+    tested: bool
 
 
 @attrs.frozen
@@ -54,42 +90,102 @@ _lock: threading.Lock = globals().get("_lock") or threading.Lock()
 _installed: _Installed | None = globals().get("_installed")
 
 
-def install(*, kv_offload: bool = False) -> None:
+def install(*, kv_offload: bool = False, untested: bool = False) -> InstallResult:
     """Make vLLM's EC CPU worker, and its KV-offload handlers if asked, use bucketpool.
 
     Rebinds ``DescriptorBufferPool`` and ``DescriptorBuffers`` wherever vLLM's (and
     vllm-ascend's) modules bind them, and wraps ``ECCPUWorker.shutdown`` to release the
     triples it drops (docs/compat.md).  Only pools created afterwards are bucketpool's: call
     it in every process before vLLM builds its workers.  Again while installed: nothing more
-    (with *kv_offload*: serves modules imported since).  Serialised by a lock.
+    (with *kv_offload*: serves modules imported since).  All or nothing: one that raises
+    has changed nothing.  On a vLLM bucketpool was not tested with, nothing, and one warning
+    in vLLM's log (logger ``vllm.bucketpool``).  Serialised by a lock.
 
     Args:
-        kv_offload: also serve vLLM's (and vllm-ascend's) KV-offload handlers.
+        kv_offload: also serve vLLM's (and vllm-ascend's) KV-offload handlers.  vLLM's KV
+            offload pins memory, so it needs an accelerator: without one, leave it False.
+        untested: install on a vLLM version bucketpool was not tested with, too.
+
+    Returns:
+        Whether it installed, and which vLLM it found.
 
     Raises:
         ImportError: no vLLM, no EC CPU ``descriptor_buffers`` module or (*kv_offload*) no
             KV-offload worker; `ModuleNotFoundError` naming a module vLLM imports that is
             not installed.
-        RuntimeError: vLLM's descriptors are of fields or dtypes bucketpool cannot serve;
-            nothing of that part was replaced (the EC part installs first).
+        RuntimeError: vLLM's descriptors are of fields or dtypes bucketpool cannot serve, or
+            (*kv_offload*) vLLM asks for pinned ones where torch cannot pin.
     """
     with _lock:
-        _install_ec()
-        if kv_offload:
+        version = _vllm_version()
+        tested = version.partition("+")[0] in _TESTED
+        if not (tested or untested):
+            _logger.warning(_UNTESTED, " and ".join(_TESTED), version)
+            return InstallResult(installed=False, vllm_version=version, tested=False)
+        stale = _record()
+        ec = None
+        if stale is None or not _in_effect(stale):
+            module = _find_target(version)
+            ec = module, _adapters(module)  # vLLM's pool asked; nothing changed yet
+        if kv_offload:  # it replaces all or nothing, so it goes before the EC part
             importlib.import_module("vllm.v1.kv_offload.cpu.gpu_worker")
-            _kv_offload.install(_vllm_modules())
+            _install_kv()
+        if ec is not None:
+            _install_ec(stale, *ec)
+    return InstallResult(installed=True, vllm_version=version, tested=tested)
 
 
-def _install_ec() -> None:
+def plugin() -> None:
+    """Install as ``$BUCKETPOOL_VLLM`` says: vLLM runs it in every process it starts.
+
+    bucketpool's ``vllm.general_plugins`` entry point, named ``bucketpool`` (the name
+    ``$VLLM_PLUGINS`` selects it by).  ``BUCKETPOOL_VLLM`` unset or empty: nothing;
+    ``ec``: `install`; ``ec,kv``: ``install(kv_offload=True)``.
+    ``BUCKETPOOL_VLLM_UNTESTED=1`` adds ``untested=True`` (unset or empty: not).
+
+    Raises:
+        ValueError: either variable holds another value; nothing was installed.
+        ImportError: as `install`.
+        RuntimeError: as `install`.
+    """
+    parts = os.environ.get("BUCKETPOOL_VLLM", "")
+    untested = os.environ.get("BUCKETPOOL_VLLM_UNTESTED", "")
+    if parts not in _PARTS:
+        raise ValueError(
+            f"BUCKETPOOL_VLLM={parts!r}: bucketpool's vLLM plugin accepts 'ec' (install()), "
+            "'ec,kv' (install(kv_offload=True)), or nothing (unset or empty)"
+        )
+    if untested not in ("", "1"):
+        raise ValueError(
+            f"BUCKETPOOL_VLLM_UNTESTED={untested!r}: bucketpool's vLLM plugin accepts '1' "
+            "(install on a vLLM bucketpool was not tested with), or nothing (unset or empty)"
+        )
+    kv_offload = _PARTS[parts]
+    if kv_offload is not None:
+        install(kv_offload=kv_offload, untested=bool(untested))
+
+
+def _install_kv() -> None:
+    try:
+        _kv_offload.install(_vllm_modules())
+    except RuntimeError as error:
+        try:
+            torch.empty(0, pin_memory=True)
+        except RuntimeError:
+            raise RuntimeError(
+                f"{error}. vLLM's KV offload pins memory, which needs an accelerator, and "
+                "torch can pin none here: call bucketpool.vllm.install() without kv_offload"
+            ) from error
+        raise
+
+
+def _install_ec(
+    stale: _Installed | None, module: ModuleType, replacements: tuple[object, object]
+) -> None:
     global _installed
-    stale = _record()
     if stale is not None:
-        if _in_effect(stale):
-            return
         _undo(stale)  # vLLM's module was reloaded or imported anew since
-    module = _find_target()
     originals = (module.DescriptorBufferPool, module.DescriptorBuffers)
-    replacements = _adapters(module)
     swaps: _Swaps = tuple(zip(originals, replacements, strict=True))
     if stale is not None:  # modules that did not reload still bind the classes it replaced
         swaps += tuple(
@@ -156,14 +252,19 @@ def _in_effect(record: _Installed) -> bool:
     return current and getattr(target, "DescriptorBufferPool", None) is record.swaps[0][1]
 
 
-def _find_target() -> ModuleType:
-    """Import vLLM's descriptor-buffers module, from its canonical path or the older one."""
+def _vllm_version() -> str:
+    """Import vLLM; return its version."""
     try:
         import vllm
     except ModuleNotFoundError as error:
         if error.name != "vllm":
             raise _missing_dependency(error) from error
         raise ImportError(_VLLM_REQUIRED.format(torch=torch.__version__), name="vllm") from None
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def _find_target(version: str) -> ModuleType:
+    """Import vLLM's descriptor-buffers module, from its canonical path or the older one."""
     for path in _PATHS:
         try:
             return importlib.import_module(path)
@@ -171,7 +272,6 @@ def _find_target() -> ModuleType:
             missing = error.name or ""
             if path != missing and not path.startswith(missing + "."):
                 raise _missing_dependency(error) from error  # the module exists; an import fails
-    version = getattr(vllm, "__version__", "(unknown version)")
     raise ImportError(
         f"vLLM {version} has no EC CPU connector descriptor-buffers module (looked for "
         f"{_CANONICAL_PATH} and {_LEGACY_PATH}); bucketpool.vllm.install() needs a vLLM "
@@ -183,8 +283,9 @@ def _find_target() -> ModuleType:
 def _missing_dependency(error: ModuleNotFoundError) -> ModuleNotFoundError:
     return ModuleNotFoundError(
         f"bucketpool.vllm.install(): vLLM imports {error.name!r}, which is not installed "
-        f"({error}); install it or vLLM's requirements (keep torch {torch.__version__}: pip "
-        f"install -c c.txt, c.txt holding torch=={torch.__version__})",
+        f"({error}); install it, keeping torch {torch.__version__}: pip install -c c.txt "
+        f"PACKAGE, c.txt holding torch=={torch.__version__} (pip then fails rather than "
+        "replace torch)",
         name=error.name,
     )
 
@@ -202,7 +303,7 @@ def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object]
     @functools.wraps(original)
     def shutdown(self: typing.Any) -> None:
         pool = getattr(self, "_buf_pool", None)
-        if not isinstance(pool, _ADAPTERS):  # vLLM's own pool, or none (a test's mock)
+        if not isinstance(pool, _Adapter):  # vLLM's own pool, or none (a test's mock)
             original(self)
             return
         flights = (*getattr(self, "_inflight_saves", ()), *getattr(self, "_inflight_loads", ()))
@@ -218,14 +319,10 @@ def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object]
 
 
 def _adapters(module: ModuleType) -> tuple[object, object]:
-    """Return the pool factory and tuple class that stand in for *module*'s classes.
-
-    The factory is a partial (the compat classes are final) carrying vLLM's dtype; this
-    install's own object, it lets `uninstall` spare modules that use bucketpool on purpose.
-    """
+    """Return the pool class and tuple class that stand in for *module*'s classes."""
     fields: object = getattr(module.DescriptorBuffers, "_fields", None)
     if fields == _TENSOR_FIELDS:
-        pool_class: type[compat.DescriptorBufferPool | compat.AliasedDescriptorBufferPool]
+        pool_class: type[_Adapter[typing.Any]]
         buffers: type[compat.DescriptorBuffers | compat.AliasedDescriptorBuffers]
         pool_class, buffers = compat.DescriptorBufferPool, compat.DescriptorBuffers
     elif fields == _ALIASED_FIELDS:
@@ -240,7 +337,29 @@ def _adapters(module: ModuleType) -> tuple[object, object]:
         lambda: operator.attrgetter(*_TENSOR_FIELDS)(module.DescriptorBufferPool().acquire(1)),
         f"{module.__name__}.DescriptorBufferPool().acquire(1)",
     )
-    return functools.partial(pool_class, dtype=dtype), buffers
+    return _pool_class(pool_class, dtype), buffers
+
+
+def _pool_class(
+    adapter: type[_Adapter[typing.Any]], vllm_dtype: torch.dtype
+) -> type[_Adapter[typing.Any]]:
+    """The class put in place of vLLM's pool: *adapter*'s, with *vllm_dtype* by default.
+
+    It subclasses what the adapters share, as they are final, and is open to subclasses as
+    vLLM's is (vllm-ascend's subclass vLLM's classes).  A new class per install, so that
+    `uninstall` tells it from an adapter a module binds on purpose.
+    """
+
+    class DescriptorBufferPool(_Adapter[typing.Any]):
+        """vLLM's pool while `install` is in effect: a compat adapter with vLLM's dtype."""
+
+        _held = adapter._held
+        _fields = adapter._fields
+
+        def __init__(self, *, dtype: torch.dtype = vllm_dtype) -> None:
+            super().__init__(dtype=dtype)
+
+    return DescriptorBufferPool
 
 
 def _vllm_modules(*first: ModuleType) -> list[ModuleType]:

@@ -521,6 +521,30 @@ def test_unservable_factory_replaces_nothing(gpu_worker: types.ModuleType) -> No
         bucketpool_vllm.install(kv_offload=True)
     assert gpu_worker._new_descriptor_buffers is original
     assert not _kv_offload._swaps
+    assert not bucketpool_vllm.installed()  # nor the EC part
+
+
+def test_pinning_where_torch_cannot_pin_installs_nothing(
+    gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's platform says it can pin (``PIN_MEMORY``), torch cannot: the EC part stays vLLM's."""
+    try:
+        torch.empty(0, pin_memory=True)
+    except RuntimeError:
+        pass
+    else:
+        pytest.skip("torch can pin here: vLLM's pinned descriptors are served")
+    monkeypatch.setattr(gpu_worker, "PIN_MEMORY", True)
+    ec = importlib.import_module(f"{standin.WORKER}.descriptor_buffers")
+    originals = (ec.DescriptorBufferPool, ec.DescriptorBuffers, gpu_worker._new_descriptor_buffers)
+
+    with pytest.raises(RuntimeError, match="pins memory, which needs an accelerator"):
+        bucketpool_vllm.install(kv_offload=True)
+
+    assert (ec.DescriptorBufferPool, ec.DescriptorBuffers) == originals[:2]
+    assert gpu_worker._new_descriptor_buffers is originals[2]
+    assert not bucketpool_vllm.installed()
+    assert not _kv_offload._swaps
 
 
 def test_no_kv_worker_is_an_import_error(

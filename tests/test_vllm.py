@@ -8,10 +8,16 @@ The stand-in classes behave like vLLM's: a LIFO pool of NamedTuples of three or 
 from __future__ import annotations
 
 import importlib
+import logging
+import os
+import re
+import subprocess
 import sys
 import types
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import attrs
@@ -134,7 +140,7 @@ class Builder:
             setattr(parent, child, module)
         self._monkeypatch.setitem(sys.modules, name, module)
 
-    def vllm(self, version: str = "0.0.0-stand-in") -> types.ModuleType:
+    def vllm(self, version: str = "0.33.0") -> types.ModuleType:  # one bucketpool was tested with
         root = self.package("vllm")
         root.__version__ = version  # type: ignore[attr-defined]
         return root
@@ -204,7 +210,7 @@ def test_three_fields_get_the_three_field_adapter(build: Builder, dtype: torch.d
         assert module.DescriptorBuffers is compat.DescriptorBuffers
         assert module.DescriptorBufferPool is tree.module.DescriptorBufferPool
     pool = tree.worker.DescriptorBufferPool()  # as vLLM calls it: no arguments
-    assert type(pool) is compat.DescriptorBufferPool
+    assert isinstance(pool, tree.worker.DescriptorBufferPool)
     bufs = pool.acquire(5)
     assert isinstance(bufs, compat.DescriptorBuffers)  # a private subclass, see compat
     assert [t.dtype for t in bufs] == [dtype] * 3
@@ -226,7 +232,7 @@ def test_six_fields_get_the_aliased_adapter(build: Builder, dtype: torch.dtype) 
         assert module.DescriptorBuffers is compat.AliasedDescriptorBuffers
         assert module.DescriptorBufferPool is tree.module.DescriptorBufferPool
     pool = tree.worker.DescriptorBufferPool()
-    assert type(pool) is compat.AliasedDescriptorBufferPool
+    assert isinstance(pool, tree.worker.DescriptorBufferPool)
     bufs = pool.acquire(4)
     assert isinstance(bufs, compat.AliasedDescriptorBuffers)
     assert [t.dtype for t in bufs[:3]] == [dtype] * 3
@@ -238,6 +244,45 @@ def test_six_fields_get_the_aliased_adapter(build: Builder, dtype: torch.dtype) 
     assert bufs.dst_ptrs[1:3].tolist() == [16, 32]
     assert bufs.sizes[1:3].tolist() == [8, 8]
     pool.release(bufs)
+
+
+@pytest.mark.parametrize("buffers", [TensorBuffers, AliasedBuffers], ids=["three", "six"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
+def test_vllms_pool_stays_a_class_to_check_and_subclass(
+    build: Builder, buffers: Callable[..., tuple[Any, ...]], dtype: torch.dtype
+) -> None:
+    # Issue: install() put a functools.partial in its place: isinstance raised TypeError
+    # and a subclass (vllm-ascend subclasses vLLM's classes) a metaclass conflict.
+    tree = build.tree(buffers, (dtype,) * 3)
+    bucketpool_vllm.install()
+    installed = tree.worker.DescriptorBufferPool
+    plugin = types.ModuleType("vllm_ascend.stand_in_pool")
+    build.register(plugin)
+
+    class AscendPool(installed):  # type: ignore[misc, valid-type]  # as a plugin writes it
+        def __init__(self) -> None:
+            super().__init__()
+            self.acquired: list[int] = []
+
+        def acquire(self, n: int) -> Any:
+            self.acquired.append(n)
+            return super().acquire(n)
+
+    plugin.AscendPool = AscendPool  # type: ignore[attr-defined]
+    pool = AscendPool()
+    bufs = pool.acquire(3)
+
+    assert isinstance(pool, installed)
+    assert isinstance(installed(), installed)
+    assert not isinstance(tree.pool(), installed)
+    assert pool.acquired == [3]
+    assert [t.dtype for t in bufs[:3]] == [dtype] * 3  # vLLM's, through super().__init__()
+    assert isinstance(bufs, tree.worker.DescriptorBuffers)  # bucketpool's, rebound there
+    pool.release(bufs)
+    assert pool.pool.stats().active_requests.current == 0
+    bucketpool_vllm.uninstall()
+    assert_untouched(tree)
+    assert plugin.AscendPool is AscendPool  # a plugin's own class is no binding of install's
 
 
 def test_install_twice_is_harmless(build: Builder) -> None:
@@ -448,7 +493,7 @@ def test_vllms_module_imported_anew_ends_the_install(build: Builder) -> None:
     bufs = pool.acquire(1)
     assert bufs.src_ptrs.dtype == torch.int64
     pool.release(bufs)
-    assert type(pool).__module__ == "bucketpool.compat"
+    assert type(pool).__module__ == "bucketpool.vllm"
     bucketpool_vllm.uninstall()
     assert not bucketpool_vllm.installed()
     assert_untouched(tree)  # the old module and the worker got vLLM's classes back too
@@ -464,6 +509,71 @@ def test_pools_made_before_install_stay_vllms(build: Builder) -> None:
     before.release(bufs)
     assert before.acquire(3) is bufs
     assert type(before) is tree.pool
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0", "0.33.0+cu129"])
+def test_a_tested_vllm_is_installed_and_says_so(build: Builder, version: str) -> None:
+    build.tree(AliasedBuffers)
+    build.vllm(version)
+
+    result = bucketpool_vllm.install()
+
+    assert result == bucketpool_vllm.InstallResult(
+        installed=True, vllm_version=version, tested=True
+    )
+    assert bucketpool_vllm.installed()
+
+
+def untested_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "vllm.bucketpool" and record.levelno == logging.WARNING
+    ]
+
+
+@pytest.mark.parametrize("version", ["0.35.0", "0.33.1", "0.34.0rc1", "dev", None])
+@pytest.mark.parametrize("kv_offload", [False, True])
+def test_an_untested_vllm_gets_nothing_and_one_warning(
+    build: Builder, caplog: pytest.LogCaptureFixture, version: str | None, kv_offload: bool
+) -> None:
+    tree = build.tree(AliasedBuffers)
+    if version is None:
+        del sys.modules["vllm"].__version__  # (monkeypatch restores the whole module)
+    else:
+        build.vllm(version)
+    shown = version or "unknown"
+
+    with caplog.at_level(logging.WARNING, logger="vllm.bucketpool"):
+        result = bucketpool_vllm.install(kv_offload=kv_offload)
+
+    assert result == bucketpool_vllm.InstallResult(
+        installed=False, vllm_version=shown, tested=False
+    )
+    assert_untouched(tree)
+    assert not bucketpool_vllm.installed()
+    assert untested_warnings(caplog) == [
+        "bucketpool.vllm.install() installed nothing: bucketpool is tested with vLLM 0.33.0 "
+        f"and 0.34.0, not {shown}. install(untested=True), or BUCKETPOOL_VLLM_UNTESTED=1 for "
+        "the plugin, installs it all the same"
+    ]
+
+
+def test_untested_true_installs_on_an_untested_vllm(
+    build: Builder, caplog: pytest.LogCaptureFixture
+) -> None:
+    tree = build.tree(AliasedBuffers)
+    build.vllm("0.35.0")
+
+    with caplog.at_level(logging.WARNING, logger="vllm.bucketpool"):
+        result = bucketpool_vllm.install(untested=True)
+
+    assert result == bucketpool_vllm.InstallResult(
+        installed=True, vllm_version="0.35.0", tested=False
+    )
+    assert tree.module.DescriptorBuffers is compat.AliasedDescriptorBuffers
+    assert bucketpool_vllm.installed()
+    assert untested_warnings(caplog) == []
 
 
 # -- uninstall -----------------------------------------------------------------------------
@@ -552,6 +662,52 @@ def test_a_pool_that_cannot_be_asked_raises_and_changes_nothing(
     assert_untouched(tree)
 
 
+def torch_can_pin() -> bool:
+    try:
+        torch.empty(0, pin_memory=True)
+    except RuntimeError:  # "pin_memory=True requires a CUDA or other accelerator backend"
+        return False
+    return True
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["float32", "pinned-int64"])
+def test_a_kv_part_that_fails_installs_nothing(build: Builder, pinned: bool) -> None:
+    # Issue: on a host that cannot pin, install(kv_offload=True) raised "nothing was
+    # replaced" with the EC part installed: installed() True, vLLM's pool swapped.
+    if pinned and torch_can_pin():
+        pytest.skip("torch can pin here: vLLM's pinned descriptors are served")
+    tree = build.tree(AliasedBuffers)
+    worker = types.ModuleType("vllm.v1.kv_offload.cpu.gpu_worker")
+    dtype = torch.int64 if pinned else torch.float32
+
+    def _new_descriptor_buffers(n: int) -> tuple[torch.Tensor, ...]:  # vLLM's, with PIN_MEMORY
+        return tuple(torch.empty(n, dtype=dtype, pin_memory=pinned) for _ in range(3))
+
+    vars(worker)["_new_descriptor_buffers"] = _new_descriptor_buffers
+    build.register(worker)
+
+    with pytest.raises(RuntimeError, match="nothing was replaced") as caught:
+        bucketpool_vllm.install(kv_offload=True)
+
+    assert ("KV offload pins memory, which needs an accelerator" in str(caught.value)) is (
+        not torch_can_pin()
+    )
+    assert_untouched(tree)
+    assert worker._new_descriptor_buffers is _new_descriptor_buffers
+    assert not bucketpool_vllm.installed()
+
+
+def test_no_kv_worker_installs_nothing(build: Builder, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = build.tree(AliasedBuffers)
+    monkeypatch.setitem(sys.modules, "vllm.v1.kv_offload.cpu.gpu_worker", None)
+
+    with pytest.raises(ImportError, match=r"vllm\.v1\.kv_offload\.cpu\.gpu_worker"):
+        bucketpool_vllm.install(kv_offload=True)
+
+    assert_untouched(tree)
+    assert not bucketpool_vllm.installed()
+
+
 def test_without_vllm_install_says_vllm_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # what an absent package looks like
 
@@ -559,18 +715,72 @@ def test_without_vllm_install_says_vllm_is_required(monkeypatch: pytest.MonkeyPa
         bucketpool_vllm.install()
 
     message = str(caught.value)  # how to install vLLM without losing this torch
-    assert f"replace torch {torch.__version__}" in message
-    assert f"pip install vllm -c c.txt with torch=={torch.__version__} in c.txt" in message
-    assert "pip install --no-deps vllm==VERSION" in message
+    assert f"'pip install vllm' would replace torch {torch.__version__}" in message
+    assert "pip install --no-deps vllm==VERSION (bucketpool is tested with 0.33.0 and 0.34.0)" in (
+        message
+    )
+    assert "then vLLM's other requirements by hand" in message
+    assert "-c " not in message  # a constraints file keeping torch makes pip fail
     assert not isinstance(caught.value, ModuleNotFoundError)
     assert not bucketpool_vllm.installed()
+
+
+def stand_in_vllm_wheel(directory: Path) -> None:
+    """A wheel of vLLM 0.33.0 that pins its torch, as the real one does (and nothing else)."""
+    info = "vllm-0.33.0.dist-info"
+    files = {
+        "vllm/__init__.py": "__version__ = '0.33.0'\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n"
+        "Requires-Dist: torch==2.14.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(directory / "vllm-0.33.0-py3-none-any.whl", "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+
+
+def dry_run(directory: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """``pip install --dry-run`` from *directory* alone, with no configuration but ours."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    environment["PIP_CONFIG_FILE"] = os.devnull
+    options = ["--dry-run", "--no-index", "--find-links", str(directory)]
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *arguments, *options, "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=False,
+    )
+
+
+def test_the_advice_without_vllm_installs_vllm_and_keeps_torch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Issue: the advice pinned this torch in a constraints file, and pip then ended with
+    # ResolutionImpossible, vLLM pinning another torch (0.33.0: torch==2.14.0).
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match="needs vLLM") as caught:
+        bucketpool_vllm.install()
+    command = re.search(r"pip install --no-deps vllm==VERSION", str(caught.value))
+    assert command is not None
+    stand_in_vllm_wheel(tmp_path)
+    (tmp_path / "c.txt").write_text(f"torch=={torch.__version__}\n")
+    pinned = dry_run(tmp_path, "install", "-c", str(tmp_path / "c.txt"), "vllm==0.33.0")
+    assert "ResolutionImpossible" in pinned.stderr, pinned  # the wheel pins torch, as vLLM's
+
+    advised = dry_run(tmp_path, *command[0].replace("VERSION", "0.33.0").split()[1:])
+
+    assert advised.returncode == 0, advised
+    assert advised.stdout.splitlines()[-1] == "Would install vllm-0.33.0"  # torch untouched
 
 
 def test_vllm_without_the_module_says_so(build: Builder) -> None:
     build.vllm("0.6.0")
 
     with pytest.raises(ImportError, match=r"vLLM 0\.6\.0 has no EC CPU") as caught:
-        bucketpool_vllm.install()
+        bucketpool_vllm.install(untested=True)
 
     assert f"{LEGACY}.worker.descriptor_buffers" in str(caught.value)
 
@@ -608,4 +818,5 @@ def test_a_vllm_that_cannot_import_a_dependency_says_which(
         bucketpool_vllm.install()  # it raised the bare error of vllm/__init__.py's import
 
     assert caught.value.name == "bucketpool_missing_dependency"
-    assert f"keep torch {torch.__version__}: pip install -c c.txt" in str(caught.value)
+    advice = f"keeping torch {torch.__version__}: pip install -c c.txt PACKAGE"
+    assert advice in str(caught.value)

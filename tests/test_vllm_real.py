@@ -214,15 +214,61 @@ def test_random_steps_match_vllms_own_pool(
 ) -> None:
     """Saves and loads through ``install()`` are byte-exact with vLLM's pool, step by step,
     in each mode (vLLM's ``execute_model`` runs them all under ``torch.inference_mode()``)."""
+    vllms = worker_module.DescriptorBufferPool
     original = run_steps(worker_module, seed, steps=80, mode=mode)
-    assert original[-1] is not compat.AliasedDescriptorBufferPool
+    assert original[-1] is vllms
 
     bucketpool_vllm.install()  # after the worker module was imported: rebinds it there too
 
     assert bucketpool_vllm.installed()
     adapted = run_steps(worker_module, seed, steps=80, mode=mode)
-    assert adapted[-1] is compat.AliasedDescriptorBufferPool
+    assert adapted[-1] is worker_module.DescriptorBufferPool is not vllms
     assert adapted[:-1] == original[:-1]
+
+
+def test_install_says_it_installed_on_a_vllm_it_was_tested_with(
+    worker_module: types.ModuleType,
+) -> None:
+    """The wheel in use is one ``install()`` was tested with: it installs, and says so."""
+    version = sys.modules["vllm"].__version__  # the wheel's: vllm/_version.py
+
+    result = bucketpool_vllm.install()
+
+    assert result == bucketpool_vllm.InstallResult(
+        installed=True, vllm_version=version, tested=True
+    )
+
+
+def test_vllms_pool_after_install_is_a_class_with_vllms_dtype(
+    worker_module: types.ModuleType,
+) -> None:
+    """``isinstance`` and a subclass work as on vLLM's class; XPU's uint64 is carried."""
+    xpu = sys.modules["vllm.platforms"].current_platform.is_xpu()
+    bucketpool_vllm.install()
+    installed = worker_module.DescriptorBufferPool
+    worker = make_worker(worker_module)
+
+    class PluginPool(installed):  # type: ignore[misc, valid-type]  # as vllm-ascend writes it
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def acquire(self, n: int) -> Any:
+            self.sizes.append(n)
+            return super().acquire(n)
+
+    try:
+        assert isinstance(worker._buf_pool, installed)
+        plugin = PluginPool()
+        bufs = plugin.acquire(5)
+        assert isinstance(bufs, compat.AliasedDescriptorBuffers)
+        assert plugin.sizes == [5]
+        expected = torch.uint64 if xpu else torch.int64
+        assert [t.dtype for t in bufs[:3]] == [expected] * 3
+        assert bufs.src_np.dtype == np.dtype(str(expected).removeprefix("torch."))
+        plugin.release(bufs)
+    finally:
+        worker.shutdown()
 
 
 @pytest.mark.parametrize("inference", [False, True], ids=["default-mode", "inference-mode"])

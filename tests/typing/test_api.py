@@ -204,11 +204,18 @@ def check_compat(n: int, handle: BufferHandle, event: Event) -> None:
 
 
 def check_vllm() -> None:
-    assert_type(bucketpool.vllm.install(), None)
-    assert_type(bucketpool.vllm.install(kv_offload=True), None)
+    result = bucketpool.vllm.install()
+    assert_type(result, bucketpool.vllm.InstallResult)
+    assert_type(
+        bucketpool.vllm.install(kv_offload=True, untested=True), bucketpool.vllm.InstallResult
+    )
+    assert_type(result.installed, bool)
+    assert_type(result.vllm_version, str)
+    assert_type(result.tested, bool)
     assert_type(bucketpool.vllm.uninstall(), None)
     assert_type(bucketpool.vllm.installed(), bool)
     bucketpool.vllm.install(True)  # type: ignore[call-arg]
+    result.installed = False  # type: ignore[misc]  # a frozen record
 
 
 def check_testing(pool: BucketPool, tensor: torch.Tensor) -> None:
