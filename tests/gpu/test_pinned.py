@@ -50,7 +50,7 @@ def test_pinned_pools_hand_out_pinned_memory_and_give_it_back(summary: dict[str,
 def test_vllm_kv_offload_descriptors_come_pinned_from_the_pool() -> None:
     pytest.importorskip("vllm")
     gpu_worker = importlib.import_module("vllm.v1.kv_offload.cpu.gpu_worker")
-    bucketpool.vllm.install(kv_offload=True)
+    assert bucketpool.vllm.install(kv_offload=True).installed, "a vLLM bucketpool was tested with"
     try:
         triple = gpu_worker._new_descriptor_buffers(1000)
         assert [(t.numel(), t.is_pinned()) for t in triple] == [(1024, gpu_worker.PIN_MEMORY)] * 3
