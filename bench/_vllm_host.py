@@ -256,8 +256,12 @@ def swap_blocks_batch(
     sizes: torch.Tensor,
     is_src_access_order_any: bool = False,
 ) -> None:
-    """``vllm._custom_ops.swap_blocks_batch`` on the stand-in: queue the host copy."""
-    device().submit(lambda: testing.swap_blocks_batch(src_ptrs, dst_ptrs, sizes))
+    """``vllm._custom_ops.swap_blocks_batch`` on the stand-in: queue the host copy.
+
+    The copy reads the memory when it runs, whatever became of the views (as a device does).
+    """
+    src, dst, size = (tensor.as_subclass(torch.Tensor) for tensor in (src_ptrs, dst_ptrs, sizes))
+    device().submit(lambda: testing.swap_blocks_batch(src, dst, size))
 
 
 class _ConnectorMetadata:

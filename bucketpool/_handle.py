@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import sys
-import time
-import warnings
 from typing import Any, NoReturn, SupportsIndex, cast, final
 
-import torch
-
-from bucketpool import _debug, _views
+from bucketpool import _copies, _debug, _views
 from bucketpool._buffer import VIEW_SET_BYTES, Buffer, field_arrays
-from bucketpool._errors import InFlightReleaseWarning, ReleaseError
-from bucketpool._ledger import AS_RECORDED, LEAK, LEDGERS
+from bucketpool._errors import ReleaseError
+from bucketpool._ledger import AS_RECORDED, LEAK
 from bucketpool._lock import LATE, owned
 from bucketpool._views import CompletionEvent, DescriptorBuffers, IntegerInput, record
 
-__all__ = ["BufferHandle", "Copy", "copied"]
+__all__ = ["BufferHandle"]
 
 
 @final
@@ -190,7 +186,7 @@ class BufferHandle:
             if LATE:  # a finaliser that ran inside this release's move queued a release
                 pool._drain()
             if pending and pool._level and error is None:  # (at off the parking suffices)
-                error = _early(pool, buffer, pending)
+                error = _copies.early(pool, buffer, pending)
             if error is not None:
                 if exc is None or not isinstance(error, Exception):
                     raise error
@@ -300,74 +296,3 @@ def _copy(events: Any) -> tuple[CompletionEvent, ...]:
 def _add_note(exc: BaseException, note: str) -> None:
     if sys.version_info >= (3, 11):  # (3.10 has no notes)
         exc.add_note(note)
-
-
-@final
-class Copy:
-    """A copy's end event that bucketpool recorded itself (`copied`), and where it began.
-
-    A hand-out released while one is pending was released before the copy reading its
-    descriptors ended: it parks on it at every level (so the next holder cannot overwrite
-    what the copy reads); ``checks`` reports it once for each pair of lines, ``strict``
-    raises `ReleaseError`, both after the release took effect.
-    """
-
-    __slots__ = ("event", "site")
-
-    def __init__(self, event: CompletionEvent, site: _debug.Site) -> None:
-        self.event, self.site = event, site
-
-    def query(self) -> bool:
-        """Whether the copy has ended."""
-        return bool(self.event.query())
-
-    def synchronize(self) -> None:
-        """Wait for the copy to end (by polling, where its event cannot wait)."""
-        wait = getattr(self.event, "synchronize", None)
-        if callable(wait):
-            wait()
-        else:
-            while not self.event.query():
-                time.sleep(0.0005)
-
-
-def copied(tensor: torch.Tensor, event: CompletionEvent, site: _debug.Site = None) -> bool:
-    """Record *event*, just recorded after a copy read *tensor*'s descriptors, on its hand-out.
-
-    *tensor* is a descriptor field a pool handed out (its first entry at the buffer's start,
-    as ``bufs.src_ptrs[:count]`` is); *site* is where the copy began (a frame's code and
-    instruction, as `_debug.site` records).  Returns False for a tensor of no hand-out.
-    """
-    key = tensor.data_ptr()
-    for ledger in [*LEDGERS]:
-        buffer = ledger.registry.get(key)  # (a hint: the record decides)
-        if buffer is not None:
-            token = buffer.token
-            return token > 0 and bool(buffer.record(token, Copy(event, site)))
-    return False
-
-
-def _early(pool: Any, buffer: Buffer, pending: list[Any]) -> ReleaseError | None:
-    """Report a release made while a copy bucketpool saw was still reading (`Copy`)."""
-    copies = [event for event in pending if type(event) is Copy]
-    if not copies:
-        return None
-    began, released = copies[0].site, cast("_debug.Site", buffer.released_at)
-    message = (
-        f"a buffer (n={buffer.n}, capacity {buffer.bucket.capacity}) was released at "
-        f"{_debug.format_site(released)} while the copy that began at "
-        f"{_debug.format_site(began)} could still read its descriptors; "
-        "it stays parked until the copy ends, so nothing is overwritten, but release it "
-        "only once the copy's end event is done (or pass that event to the release)"
-    )
-    if pool._settings.debug == "strict":  # (the cause says the release took effect)
-        error = ReleaseError(message)
-        error.__cause__ = InFlightReleaseWarning(message)
-        return error
-    line = _debug.line_of(released)
-    key = ("early", _debug.line_of(began), line)
-    if key not in pool._reported:  # (this caller's own mistake: an "error" filter raises it)
-        pool._reported.add(key)
-        where = line or ("<unknown>", 0)
-        warnings.warn_explicit(message, InFlightReleaseWarning, *where, module="bucketpool")
-    return None

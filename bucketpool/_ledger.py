@@ -8,16 +8,16 @@ calls nothing (docs/design.md, "A buffer's life", "The locking rule").
 from __future__ import annotations
 
 import collections
-import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
 from bucketpool._buffer import Bucket, Buffer
+from bucketpool._copies import LEDGERS
 from bucketpool._lock import LOCK
 from bucketpool._views import CompletionEvent
 
 __all__ = [
-    *("AS_RECORDED", "CACHE", "DROPPED", "EMPTY", "LEAK", "LEDGERS", "SETTLE", "SWEEP"),
+    *("AS_RECORDED", "CACHE", "DROPPED", "EMPTY", "LEAK", "SETTLE", "SWEEP"),
     *("Entry", "Ledger"),
 ]
 
@@ -31,8 +31,6 @@ DROPPED: Final = "dropped"  # `young_front`/`old_front` dropped or moved a recor
 Entry = tuple[Buffer, int, "list[Any] | str | None", int]
 Parking = list[Any]  # one parking: ``[buffer, events, tick]``, spent once its buffer is None
 Leak = tuple[int, object, int, object]  # n, the acquire's code, lasti (~: an adapter's), site
-#: Every pool's ledger in the process: where a tensor handed to a copy op is looked up.
-LEDGERS: weakref.WeakSet[Ledger] = weakref.WeakSet()
 TOTALS = (  # the ledger's totals, in the order `Ledger.snapshot` copies them
     *("active", "active_peak", "active_bytes", "active_bytes_peak", "allocations"),
     *("allocations_peak", "allocated_bytes", "allocated_bytes_peak", "allocations_total"),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from bucketpool import _debug, _handle
+from bucketpool import _copies, _debug
 
 if typing.TYPE_CHECKING:
     from bucketpool._pool import BucketPool
@@ -173,9 +173,8 @@ class HostDevice:
             tensor.as_subclass(torch.Tensor) for tensor in (src_ptrs, dst_ptrs, sizes)
         )
         self._queue.append(lambda: swap_blocks_batch(src, dst, size))
-        end = self.event()
-        _handle.copied(src_ptrs, end, _debug.site(False))
-        return end
+        _copies.copied(src_ptrs, self.event, _debug.site(False))
+        return self.event()
 
     def run_to(self, position: int) -> None:
         """Run the queued copies before *position*, in order."""

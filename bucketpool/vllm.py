@@ -18,13 +18,13 @@ import os
 import sys
 import threading
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 
 import attrs
 import torch
 
-from bucketpool import _kv_offload, compat
+from bucketpool import _copies, _kv_offload, compat
 from bucketpool._errors import ReleaseError
 from bucketpool.compat import _Adapter
 
@@ -83,6 +83,7 @@ class _Installed:
     swaps: _Swaps
     bound: tuple[tuple[ModuleType, str, object, object], ...]
     wrapped: tuple[tuple[type, str, object, object], ...] = ()  # (class, name, old, new)
+    ops: _Swaps = ()  # (vLLM's copy op, `_copies.recording` of it)
 
 
 # `importlib.reload` keeps the lock and the record of an install in effect.
@@ -193,11 +194,13 @@ def _install_ec(
             for i, (original, _) in enumerate(stale.swaps)
             if original not in originals
         )
-    rebindings = _rebindings(_vllm_modules(module), swaps)
+    modules = _vllm_modules(module)
+    ops = tuple((op, _copies.recording(op)) for op in _copy_ops())
+    rebindings = _rebindings(modules, swaps) + _rebindings(modules, ops)
     wrapped = _wrap_shutdown(module)
     for each, name, _, replacement in (*rebindings, *wrapped):
         setattr(each, name, replacement)
-    _installed = _Installed(module, swaps, tuple(rebindings), wrapped)
+    _installed = _Installed(module, swaps, tuple(rebindings), wrapped, ops)
     setattr(module, _RECORD, _installed)
 
 
@@ -225,7 +228,7 @@ def _undo(record: _Installed) -> None:
         if vars(module).get(name) is replacement:
             setattr(module, name, original)
     # Bindings made to the replacements since get the first original each replaced.
-    reverse = {id(new): (new, old) for old, new in reversed(record.swaps)}
+    reverse = {id(new): (new, old) for old, new in reversed((*record.swaps, *record.ops))}
     modules = _vllm_modules(*(module for module, _, _, _ in record.bound))
     for module, name, _, original in _rebindings(modules, tuple(reverse.values())):
         setattr(module, name, original)
@@ -288,6 +291,17 @@ def _missing_dependency(error: ModuleNotFoundError) -> ModuleNotFoundError:
         "replace torch)",
         name=error.name,
     )
+
+
+def _copy_ops() -> list[Callable[..., object]]:
+    """The ``swap_blocks_batch`` ops vLLM's workers call (the Triton one where imported).
+
+    `_copies.recording` wraps each where vLLM's modules bind it: a copy of a pool's
+    descriptors gets an end event on its hand-out, so a release before it parks (issue 35).
+    """
+    paths = ("vllm._custom_ops", "vllm.v1.kv_offload.cpu.swap_blocks_triton")
+    found = (getattr(sys.modules.get(path), "swap_blocks_batch", None) for path in paths)
+    return [op for op in found if callable(op)]
 
 
 def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object], ...]:

@@ -67,8 +67,9 @@ def worker_module(
             sys.modules.pop(name, None)  # the rest after this
 
 
-def make_worker(module: types.ModuleType) -> Any:
-    """An ECCPUWorker over a fresh 64-block region, built by vLLM's own region factory."""
+def make_worker(module: types.ModuleType, worker_class: type | None = None) -> Any:
+    """An ECCPUWorker (or *worker_class*) over a fresh 64-block region, built by vLLM's own
+    region factory."""
     config = types.SimpleNamespace(
         instance_id=f"bucketpool-{uuid.uuid4().hex}",
         parallel_config=types.SimpleNamespace(data_parallel_index=0),
@@ -77,7 +78,7 @@ def make_worker(module: types.ModuleType) -> Any:
             ec_connector_extra_config={"ec_cpu_bytes": NUM_BLOCKS * BLOCK_BYTES}
         ),
     )
-    return module.ECCPUWorker(config)
+    return (worker_class or module.ECCPUWorker)(config)
 
 
 def metadata(
