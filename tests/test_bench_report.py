@@ -118,7 +118,7 @@ def test_the_last_line_says_what_the_promises_came_to(tiny_run: BenchResult) -> 
     named = last({"spike": "FAIL", "compat": "FAIL"})  # the names do not fit: the cases
     assert named == f"{spike + 1} promises FAILED, on spike, compat (see above)"
     every = last(dict.fromkeys(tiny_run.figures, "FAIL"))  # too many to name: their cases
-    first = next(case for case in tiny_run.figures if not case.startswith("host-"))
+    first = next(c.case for c in tiny_run.checks if c.spec.kind == "promise")  # in PROMISES order
     assert every.startswith(f"{promised} promises FAILED, on ")
     assert f" {first}" in every
     assert every.endswith(" more (see above)")
