@@ -56,11 +56,13 @@ def format_bytes(count: float) -> str:
 
 
 def format_value(value: float, unit: Unit) -> str:
-    """Format a figure in its unit: ``0.38x``, ``1,234 ns``, ``1.5 KiB``, ``12``."""
+    """Format a figure in its unit: ``0.38x``, ``1,234 ns``, ``1.5 KiB``, ``12``, ``0.57``."""
     if unit == "x":
         return f"{value:,.3g}x" if value < 10 else f"{value:,.0f}x"
     if unit == "bytes":
         return format_bytes(value)
+    if unit == "count" and abs(value) < 100 and not float(value).is_integer():
+        return f"{value:.3g}"  # a mean count: 0.57 view sets a step, not 1
     suffix = {"ns": " ns", "ops/s": " ops/s"}.get(unit, "")
     return f"{value:,.0f}{suffix}"
 

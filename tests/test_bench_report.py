@@ -32,6 +32,8 @@ def test_formatting() -> None:
     assert report.format_value(2178.4, "x") == "2,178x"
     assert report.format_value(1234.4, "ns") == "1,234 ns"
     assert report.format_value(12, "count") == "12"
+    assert report.format_value(0.57, "count") == "0.57"  # a mean, not rounded to 1
+    assert report.format_value(0.6, "count") == "0.6"
     assert report.format_value(812_345.6, "ops/s") == "812,346 ops/s"
     assert report.format_measurement(Measurement(0.3, 0.29, 0.31, "x")) == "0.3x [0.29x-0.31x]"
     assert report.format_measurement(exact(3, "count")) == "3"
