@@ -1,14 +1,17 @@
 """The report on stdout: the traces' step ratios, the fills, the targets with their verdicts.
 
 By default one screen: a row per trace, a row per fill size, the fill step, and a row per
-other target figure with its worst case; ``verbose`` adds every figure of every case and
-lists every check.  Plain text within `WIDTH` columns, so that it reads the same in a CI log
-as in a terminal; its last line says what the promises came to (or ``--check``'s status).
+other target figure with its worst case, each ratio of two things with who wins in words
+(`in_words`: ``1.3x slower``, ``2x faster``, ``cannot tell``); ``verbose`` adds every figure
+of every case and lists every check.  Plain text within `WIDTH` columns, so that it reads the
+same in a CI log as in a terminal; its last line says what the promises came to (or
+``--check``'s status).
 """
 
 from __future__ import annotations
 
 import collections
+import re
 import textwrap
 from collections.abc import Sequence
 
@@ -16,20 +19,30 @@ from bench._cases import FillStepCase, TraceCase
 from bench._fills import SOURCES as _SOURCES
 from bench._fills import FillsCase
 from bench._runner import BenchResult
-from bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit, Verdict
+from bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit, Verdict, exact
 from bench._targets import CHECK_FAILED, CHECK_UNSURE, STEP, Check, exit_status
 
-__all__ = ["WIDTH", "format_bytes", "format_measurement", "format_value", "render_table"]
+__all__ = [
+    "WIDTH",
+    "format_bytes",
+    "format_measurement",
+    "format_value",
+    "in_words",
+    "render_table",
+]
 
 #: The most columns a line of the report takes.
 WIDTH = 99
-#: What is timed, said once in every report.
+#: How to read the figures and what is timed, said once in every report.
 _LEGEND = (
+    "Ratios a/b: a's time over b's, paired per round; the median over rounds "
+    f'[{CONFIDENCE:.0%} interval, at least +-{RESOLUTION:.0%}]. In words: a is "1.3x slower" '
+    '(1.3 times b\'s time), "2x faster" (half of it), or "cannot tell" (the interval holds '
+    '1x); counts and bytes "2x more" or "2x less". Lower is better unless the bound says '
+    ">=. PASS, FAIL: the whole interval meets, misses the bound; UNSURE: it straddles it.",
     "step: bucketpool `with pool.acquire(n) as bufs: views = bufs.shrink(end)`; the original "
     "(vLLM's, in bench/_original.py) and compat `bufs = pool.acquire(n)`, three [:end] slices, "
-    "`pool.release(bufs)`; end = n in 3 steps of 4, else uniform in [n // 2, n). Ratios a/b: "
-    f"paired per-round medians [{CONFIDENCE:.0%} interval, at least +-{RESOLUTION:.0%}]; lower "
-    "is better unless the bound says >=."
+    "`pool.release(bufs)`; end = n in 3 steps of 4, else uniform in [n // 2, n).",
 )
 #: Verdicts, worst first.
 _VERDICTS: tuple[Verdict, ...] = ("FAIL", "UNSURE", "LOADED", "PASS")
@@ -76,6 +89,45 @@ def format_measurement(measurement: Measurement) -> str:
     return f"{text} [{low}-{high}]"
 
 
+def _factor(value: float) -> str:
+    """A factor above 1 as the report writes it (``1.3x``, ``2x``), never as ``1x``."""
+    text = format_value(value, "x")
+    return f"{value:.4g}x" if text == "1x" else text
+
+
+def in_words(measurement: Measurement) -> str:
+    """Say in words how a ratio a/b's *a* compares with *b*.
+
+    Of times: ``1.3x slower`` (a takes 1.3 times b's time), ``2x faster`` (a ratio of 0.5),
+    or ``cannot tell`` when the interval holds 1.  Exact ratios (counts, bytes): ``2x more``,
+    ``2x less``, ``the same`` or ``none``.
+
+    Raises:
+        ValueError: the figure is not a ratio (its unit is not ``x``).
+    """
+    if measurement.unit != "x":
+        raise ValueError(f"not a ratio: {measurement.unit}")
+    value = measurement.value
+    if measurement.timed:
+        if measurement.low <= 1 <= measurement.high:
+            return "cannot tell"
+        return f"{_factor(value)} slower" if value > 1 else f"{_factor(1 / value)} faster"
+    if value == 1 or value <= 0:
+        return "the same" if value == 1 else "none"
+    return f"{_factor(value)} more" if value > 1 else f"{_factor(1 / value)} less"
+
+
+def _compares(figure: str, measurement: Measurement) -> bool:
+    """Whether *figure* compares two things, so that words can say which wins.
+
+    Timed ratios do; an exact ratio does where its name says ``a/b`` (two pools' counts),
+    not ``a / b`` (a figure over its bound: ``final bytes / cache cap``).
+    """
+    return measurement.unit == "x" and (
+        measurement.timed or re.search(r"\S/\S", figure) is not None
+    )
+
+
 def _columns(rows: Sequence[Sequence[str]], align: str, wrap: int | None = None) -> list[str]:
     """Rows as aligned columns, each left (``l`` in *align*) or right (``r``) aligned.
 
@@ -104,14 +156,14 @@ def _columns(rows: Sequence[Sequence[str]], align: str, wrap: int | None = None)
 def _verdicts(checks: Sequence[Check], *, short: bool = False) -> str:
     """``PASS``, or the verdicts counted (``1 FAIL, 2 PASS``); ``-`` for none.
 
-    With *short*, mixed verdicts give the worst one's count only: ``1 of 3 FAIL``.
+    With *short*, mixed verdicts give the worst one's count only: ``1/3 FAIL``.
     """
     counts = collections.Counter(check.verdict for check in checks)
     if len(counts) == 1:
         return next(iter(counts))
     if short and counts:
         worst = next(v for v in _VERDICTS if counts[v])
-        return f"{counts[worst]} of {len(checks)} {worst}"
+        return f"{counts[worst]}/{len(checks)} {worst}"
     return ", ".join(f"{counts[v]} {v}" for v in _VERDICTS if counts[v]) or "-"
 
 
@@ -125,30 +177,41 @@ def _bound(checks: Sequence[Check], *, kind: bool = False) -> str:
 
 
 def _trace_table(result: BenchResult, traces: Sequence[TraceCase]) -> list[str]:
+    """A row per trace: the step's ratio and its words, bound, verdict; peak bytes in words."""
     rows = [
-        ("", "original", STEP, "", "", "peak bytes:"),
-        ("trace", "ns/step", f"[{CONFIDENCE:.0%} interval]", "bound", "verdict", "original / ours"),
+        ("", "original", STEP, "bucketpool", "", "", "peak bytes"),
+        (
+            "trace",
+            "ns/step",
+            f"[{CONFIDENCE:.0%} interval]",
+            "in words",
+            "bound",
+            "verdict",
+            "in words",
+        ),
     ]
     for case in traces:
         figures = result.figures[case.name]
         step = _of(result, case.name, STEP)[:1]  # the promise, else the first goal
+        original, ours = (
+            figures[f"{pool} peak bytes"].value for pool in ("original", "bucketpool")
+        )
         rows.append(
             (
                 case.name,
                 format_value(figures["original ns/step"].value, "count"),
                 format_measurement(figures[STEP]),
+                in_words(figures[STEP]),
                 _bound(step, kind=True),
                 _verdicts(step),
-                " / ".join(
-                    format_bytes(figures[f"{pool} peak bytes"].value)
-                    for pool in ("original", "bucketpool")
-                ),
+                in_words(exact(ours / original, "x")) if original else "-",
             )
         )
-    return _columns(rows, "lrrrlr")
+    return _columns(rows, "lrrlrll")
 
 
 def _fill_table(result: BenchResult, fills: Sequence[FillsCase]) -> list[str]:
+    """A row per k: each ratio in words (a of a/b is), with its verdict."""
     figures = (*(f"add_copies/numpy ({s})" for s in _SOURCES), "setitem/add_copies")
     setitem = _bound(_of(result, fills[0].name, "setitem/add_copies")) or ">= 100x"
     rows = [("", "add_copies", "", *("add_copies/numpy" for _ in _SOURCES), figures[-1])]
@@ -158,7 +221,7 @@ def _fill_table(result: BenchResult, fills: Sequence[FillsCase]) -> list[str]:
         for figure in figures:
             measured = result.figures[case.name].get(figure)
             checks = [c for c in _of(result, case.name, figure) if c.spec.kind == "promise"]
-            text = format_value(measured.value, measured.unit) if measured else "-"
+            text = in_words(measured) if measured else "-"
             cells.append(f"{text} {_verdicts(checks)}" if checks else text)
         ns = result.figures[case.name]["add_copies (arrays) ns/call"].value
         bound = _bound(_of(result, case.name, "add_copies/numpy (arrays)"))
@@ -189,17 +252,29 @@ def _groups(checks: Sequence[Check]) -> list[list[Check]]:
 
 
 def _target_rows(checks: Sequence[Check]) -> list[str]:
-    """One row per (kind, figure) with its worst case, but the promises the tables judge."""
-    rows = [("target", "figure", "bound", "worst case", "value", "verdict")]
+    """One row per (kind, figure) with its worst case, but the promises the tables judge.
+
+    The promises, then the goals under a heading of their own; a figure comparing a with b
+    (a/b) says in words how a compares.
+    """
+    heads = {
+        "promise": ("promises (--check fails on them)", "bound", "worst case", "value", "in words"),
+        "goal": ("goals (reported, never failing --check)", "", "", "", ""),
+    }
+    rows: list[tuple[str, ...]] = []
     for group in _groups(checks):
         spec = group[0].spec
         if spec.kind == "promise" and spec.figure in _SHOWN:
-            continue  # in the trace and fill tables, case by case
+            continue  # in the tables above, case by case
+        if spec.kind in heads:
+            rows.append((*heads.pop(spec.kind), "verdict" if rows == [] else ""))
         worst = _worst(group)
-        value = format_value(worst.measurement.value, worst.measurement.unit)
+        measured = worst.measurement
+        value = format_value(measured.value, measured.unit)
+        words = in_words(measured) if _compares(spec.figure, measured) else ""
         verdict = _verdicts(group, short=True)
-        rows.append((spec.kind, spec.figure, _bound([worst]), worst.case, value, verdict))
-    return _columns(rows, "llrlrl", wrap=1)
+        rows.append((spec.figure, _bound([worst]), worst.case, value, words, verdict))
+    return _columns(rows, "lrlrll", wrap=0) if rows else []
 
 
 def _every_check(checks: Sequence[Check]) -> list[str]:
@@ -212,9 +287,11 @@ def _every_check(checks: Sequence[Check]) -> list[str]:
             verdict: str = check.verdict
             if verdict == "LOADED":
                 verdict += f" (interval: {check.interval_verdict})"
-            measured = format_measurement(check.measurement)
-            rows.append(("", check.case, measured, _bound([check]), verdict))
-        lines += _columns(rows, "llrrl")
+            measured = check.measurement
+            words = in_words(measured) if _compares(check.spec.figure, measured) else ""
+            text = format_measurement(measured)
+            rows.append(("", check.case, text, words, _bound([check]), verdict))
+        lines += _columns(rows, "llrlrl")
     return lines
 
 
@@ -286,13 +363,15 @@ def _closing(result: BenchResult, *, verbose: bool, check: bool, strict: bool) -
 
 
 def _case_blocks(result: BenchResult) -> list[str]:
-    """Every case: its name, rounds and description, then each figure and its interval."""
+    """Every case: its name, rounds and description, then each figure, its interval, words."""
     lines = []
     for case in result.cases:
         lines += _wrap(f"{case.name} ({result.rounds[case.name]} rounds): {case.description}")
-        figures = result.figures[case.name].items()
-        rows = [("", figure, format_measurement(measured)) for figure, measured in figures]
-        lines += _columns(rows, "llr", wrap=1) if rows else []
+        rows = [
+            ("", figure, format_measurement(m), in_words(m) if _compares(figure, m) else "")
+            for figure, m in result.figures[case.name].items()
+        ]
+        lines += _columns(rows, "llrl", wrap=1) if rows else []
     return lines
 
 
@@ -309,7 +388,8 @@ def render_table(
         f"bucketpool {env['version']} benchmark: Python {env['python']}, torch {env['torch']}, "
         f"numpy {env['numpy']}, {env['cpus']} CPUs, {env['platform']}"
     )
-    lines += _wrap(_LEGEND, "")
+    for paragraph in _LEGEND:
+        lines += _wrap(paragraph, "")
     traces = [case for case in result.cases if isinstance(case, TraceCase)]
     fills = [case for case in result.cases if isinstance(case, FillsCase)]
     if traces:
@@ -320,7 +400,8 @@ def render_table(
         if isinstance(case, FillStepCase):
             ratios = result.figures[case.name]
             text = ", ".join(
-                f"{format_measurement(ratios[f'{STEP} ({way})'])} against {way}"
+                f"{format_measurement(ratios[f'{STEP} ({way})'])} against {way} "
+                f"({in_words(ratios[f'{STEP} ({way})'])})"
                 for way in ("setitem", "numpy")
             )
             lines += [

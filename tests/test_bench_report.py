@@ -14,8 +14,9 @@ from bench._runner import BenchResult
 from bench._stats import Measurement, Verdict, exact
 from bench._traces import TRACE_NAMES
 
-#: The most lines the summary may take: one tall screen (the kv-offload rows made 60 too few).
-SCREEN = 66
+#: The most lines the summary may take: one tall screen (the kv-offload rows made 60 too few,
+#: the words of each figure, with how to read them, 66).
+SCREEN = 72
 
 
 @pytest.fixture(scope="module")
@@ -39,29 +40,84 @@ def test_formatting() -> None:
     assert report.format_measurement(exact(3, "count")) == "3"
 
 
+@pytest.mark.parametrize(
+    ("value", "low", "high", "words"),
+    [
+        (1.3, 1.2, 1.4, "1.3x slower"),  # a takes 1.3 times b's time
+        (0.5, 0.45, 0.55, "2x faster"),  # half b's time
+        (0.25, 0.2, 0.3, "4x faster"),
+        (2178.4, 2000, 2300, "2,178x slower"),
+        (0.95, 0.9, 1.05, "cannot tell"),  # the interval holds 1
+        (1.08, 1.0, 1.15, "cannot tell"),  # ... at its end too
+        (1.004, 1.002, 1.006, "1.004x slower"),  # never "1x slower"
+    ],
+)
+def test_a_ratio_in_words(value: float, low: float, high: float, words: str) -> None:
+    assert report.in_words(Measurement(value, low, high, "x")) == words
+
+
+def test_an_exact_ratio_in_words() -> None:
+    assert report.in_words(exact(2, "x")) == "2x more"
+    assert report.in_words(exact(0.5, "x")) == "2x less"
+    assert report.in_words(exact(0.0848, "x")) == "12x less"
+    assert report.in_words(exact(1, "x")) == "the same"
+    assert report.in_words(exact(0, "x")) == "none"
+    with pytest.raises(ValueError, match="not a ratio"):
+        report.in_words(exact(3, "count"))
+
+
 def rows_of(table: str, first: str) -> list[list[str]]:
     return [line.split() for line in table.splitlines() if line.split()[:1] == [first]]
+
+
+def target_rows(summary: str, kind: str) -> list[str]:
+    """The rows under the summary's heading of *kind* (promises or goals), one per figure."""
+    lines = summary.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{kind} ("))
+    rows = itertools.takewhile(
+        lambda line: line and not line.startswith("goals ("), lines[start + 1 :]
+    )
+    return [row for row in rows if not row.startswith(" ")]  # (a wrapped figure continues)
 
 
 def test_the_summary_fits_one_screen_and_says_each_headline(tiny_run: BenchResult) -> None:
     summary = report.render_table(tiny_run)
     assert len(summary.splitlines()) <= SCREEN
-    for trace in TRACE_NAMES:  # a row per trace, with its step ratio and its interval
+    for trace in TRACE_NAMES:  # a row per trace: its step ratio, its interval and its words
         (row,) = rows_of(summary, trace)
         measured = tiny_run.figures[trace]["bucketpool/original"]
         assert report.format_measurement(measured).split()[0] in row
+        assert report.in_words(measured) in " ".join(row)
     for k in ("16", "64", "256", "4,096", "65,536"):
         assert len(rows_of(summary, k)) == 1
     assert "fill-step (normal-64, 20 steps" in summary
     assert "-check: exit" not in summary
     # The step and fill promises are in those tables, case by case; the rest below, each once.
-    promise_rows = {" ".join(row[1:3]) for row in rows_of(summary, "promise")}
-    assert "bucketpool allocations" in promise_rows
-    assert "add_copies/numpy (arrays)" not in promise_rows
+    promise_rows = target_rows(summary, "promises")
+    assert any(row.startswith("bucketpool allocations after warm-up ") for row in promise_rows)
+    assert not any(row.startswith("add_copies/numpy (arrays)") for row in promise_rows)
     shown = {"bucketpool/original", "setitem/add_copies"}
     shown |= {f"add_copies/numpy ({source})" for source in ("arrays", "lists")}
     figures = {c.spec.figure for c in tiny_run.checks if c.spec.kind == "promise"}
-    assert len(rows_of(summary, "promise")) == len(figures - shown)
+    assert len(promise_rows) == len(figures - shown)
+    goals = {c.spec.figure for c in tiny_run.checks if c.spec.kind == "goal"}
+    assert len(target_rows(summary, "goals")) == len(goals)
+
+
+def test_each_comparison_says_who_wins_in_words(tiny_run: BenchResult) -> None:
+    summary = report.render_table(tiny_run)
+    said = ("slower", "faster", "cannot tell", "more", "less", "the same", "none")
+    for k in ("16", "64", "256", "4,096", "65,536"):  # every ratio of the fills, in words
+        (cells,) = rows_of(summary, k)
+        assert sum(" ".join(cells).count(w) for w in said) == 2 + (k in ("64", "256", "4,096"))
+    rows = target_rows(summary, "promises") + target_rows(summary, "goals")
+    timed = {c.spec.figure for c in tiny_run.checks if c.measurement.timed}
+    compared = timed | {"allocations bucketpool/lists", "spike: retained bytes bucketpool/lists"}
+    figures = {c.spec.figure for c in tiny_run.checks}
+    for row in rows:  # a ratio of two things says which wins; a count or a share of a cap not
+        shown = row.split("  ")[0]  # the figure, or its first line
+        (figure,) = (f for f in figures if f.startswith(shown))
+        assert any(word in row[len(shown) :] for word in said) == (figure in compared), row
 
 
 def test_verbose_has_every_figure_and_every_check(tiny_run: BenchResult) -> None:
