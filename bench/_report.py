@@ -1,11 +1,13 @@
-"""The report on stdout: the traces' step ratios, the fills, the targets with their verdicts.
+"""The report on stdout: vLLM's host step, the counts, the traces, the fills, the targets.
 
-By default one screen: a row per trace, a row per fill size, the fill step, and a row per
-other target figure with its worst case, each ratio of two things with who wins in words
-(`in_words`: ``1.3x slower``, ``2x faster``, ``cannot tell``); ``verbose`` adds every figure
-of every case and lists every check.  Plain text within `WIDTH` columns, so that it reads the
-same in a CI log as in a terminal; its last line says what the promises came to (or
-``--check``'s status).
+By default one tall screen: first what a vLLM user feels, a row per host-step case (vLLM's
+worker step, its pool against ``install()``'s, with the control), then the view cache's
+exact counts, a row per trace, a row per fill size, the fill step, and a row per other
+target figure with its worst case; each ratio of two things says who wins in words
+(`in_words`: ``1.3x slower``, ``2x faster``, ``cannot tell``).  ``verbose`` adds every
+figure of every case and lists every check.  Plain text within `WIDTH` columns, so that it
+reads the same in a CI log as in a terminal; its last line says what the promises came to
+(or ``--check``'s status).
 """
 
 from __future__ import annotations
@@ -16,11 +18,21 @@ import textwrap
 from collections.abc import Sequence
 
 from bench._cases import FillStepCase, TraceCase
+from bench._counts import ViewCacheCase
 from bench._fills import SOURCES as _SOURCES
 from bench._fills import FillsCase
+from bench._host_step import CONTROL, EXTRA, HOST_RESOLUTION
 from bench._runner import BenchResult
 from bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit, Verdict, exact
-from bench._targets import CHECK_FAILED, CHECK_UNSURE, STEP, Check, exit_status
+from bench._targets import (
+    CHECK_FAILED,
+    CHECK_UNSURE,
+    HOST_STEP,
+    PROMISES,
+    STEP,
+    Check,
+    exit_status,
+)
 
 __all__ = [
     "WIDTH",
@@ -33,21 +45,32 @@ __all__ = [
 
 #: The most columns a line of the report takes.
 WIDTH = 99
-#: How to read the figures and what is timed, said once in every report.
+#: How to read the figures, said once in every report.
 _LEGEND = (
-    "Ratios a/b: a's time over b's, paired per round; the median over rounds "
-    f'[{CONFIDENCE:.0%} interval, at least +-{RESOLUTION:.0%}]. In words: a is "1.3x slower" '
-    '(1.3 times b\'s time), "2x faster" (half of it), or "cannot tell" (the interval holds '
-    '1x); counts and bytes "2x more" or "2x less". Lower is better unless the bound says '
-    ">=. PASS, FAIL: the whole interval meets, misses the bound; UNSURE: it straddles it.",
+    f"Ratios a/b: a's time over b's per round, paired: their median [{CONFIDENCE:.0%} interval, "
+    f"at least +-{RESOLUTION:.0%}, host steps +-{HOST_RESOLUTION:.0%}]; lower is better unless "
+    'the bound says >=. In words: a is "1.3x slower" (1.3 times b\'s time), "2x faster" (half '
+    'of it), "cannot tell" (the interval holds 1x); counts, bytes: "2x more", "2x less". '
+    "Verdicts judge the whole interval: UNSURE when it straddles the bound."
+)
+#: What the host-step table times.
+_HOST_LEGEND = "host step: vLLM's worker step (host time), with its own pool (vllm) and install()'s"
+#: What the trace table times.
+_STEP_LEGEND = (
     "step: bucketpool `with pool.acquire(n) as bufs: views = bufs.shrink(end)`; the original "
     "(vLLM's, in bench/_original.py) and compat `bufs = pool.acquire(n)`, three [:end] slices, "
-    "`pool.release(bufs)`; end = n in 3 steps of 4, else uniform in [n // 2, n).",
+    "`pool.release(bufs)`; end = n in 3 steps of 4, else uniform in [n // 2, n)."
 )
 #: Verdicts, worst first.
 _VERDICTS: tuple[Verdict, ...] = ("FAIL", "UNSURE", "LOADED", "PASS")
-#: Figures the trace and fill tables show with their verdicts: not repeated below them.
-_SHOWN = (STEP, *(f"add_copies/numpy ({s})" for s in _SOURCES), "setitem/add_copies")
+#: Promises the tables and the counts show with their verdicts: not repeated below them.
+_SHOWN = (
+    HOST_STEP,
+    STEP,
+    *(f"add_copies/numpy ({s})" for s in _SOURCES),
+    "setitem/add_copies",
+    *(s.figure for s in PROMISES if s.applies_to("view-cache")),
+)
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:
@@ -176,6 +199,60 @@ def _bound(checks: Sequence[Check], *, kind: bool = False) -> str:
     return f"{spec.op} {format_value(spec.limit, checks[0].measurement.unit)}{goal}"
 
 
+def _micros(ns: float, *, sign: bool = False) -> str:
+    """*ns* in µs: ``176.9``, ``2,130``; with *sign*, ``+30`` or ``-4.2``."""
+    digits = 1 if abs(ns) < 10_000 else 0
+    return f"{ns / 1000:{'+' if sign else ''},.{digits}f}"
+
+
+def _host_table(result: BenchResult, cases: Sequence[str]) -> list[str]:
+    """A row per host-step case: vLLM's step, ``install()``'s ratio to it in words, control."""
+    rows = [
+        ("", "vLLM's", HOST_STEP, "install() makes", "", "", "control"),
+        (
+            "host step",
+            "µs/step",
+            f"[{CONFIDENCE:.0%} interval]",
+            "vLLM's step",
+            "bound",
+            "verdict",
+            CONTROL,
+        ),
+    ]
+    for name in cases:
+        figures = result.figures[name]
+        step = _of(result, name, HOST_STEP)
+        extra = _micros(figures[EXTRA].value, sign=True)
+        rows.append(
+            (
+                name,
+                _micros(figures["vllm ns/step"].value),
+                format_measurement(figures[HOST_STEP]),
+                f"{in_words(figures[HOST_STEP])}, {extra} µs",
+                _bound(step),
+                _verdicts(step),
+                format_value(figures[CONTROL].value, "x"),
+            )
+        )
+    return _columns(rows, "lrrlrlr")
+
+
+def _count_table(result: BenchResult, case: str) -> list[str]:
+    """The checked counts of *case*: each with its bound and verdict (exact: no interval)."""
+    rows = [(f"{case}, counted exactly (the same on any machine)", "", "bound", "verdict")]
+    for check in (c for c in result.checks if c.case == case):
+        measured = check.measurement
+        rows.append(
+            (
+                check.spec.figure,
+                format_value(measured.value, measured.unit),
+                _bound([check]),
+                check.verdict,
+            )
+        )
+    return _columns(rows, "lrrl")
+
+
 def _trace_table(result: BenchResult, traces: Sequence[TraceCase]) -> list[str]:
     """A row per trace: the step's ratio and its words, bound, verdict; peak bytes in words."""
     rows = [
@@ -274,7 +351,7 @@ def _target_rows(checks: Sequence[Check]) -> list[str]:
         words = in_words(measured) if _compares(spec.figure, measured) else ""
         verdict = _verdicts(group, short=True)
         rows.append((spec.figure, _bound([worst]), worst.case, value, words, verdict))
-    return _columns(rows, "lrlrll", wrap=0) if rows else []
+    return _columns(rows, "lrlrll", wrap=0) if rows else []  # (every one shown above)
 
 
 def _every_check(checks: Sequence[Check]) -> list[str]:
@@ -388,12 +465,17 @@ def render_table(
         f"bucketpool {env['version']} benchmark: Python {env['python']}, torch {env['torch']}, "
         f"numpy {env['numpy']}, {env['cpus']} CPUs, {env['platform']}"
     )
-    for paragraph in _LEGEND:
-        lines += _wrap(paragraph, "")
+    lines += _wrap(_LEGEND, "")
+    hosts = [case.name for case in result.cases if HOST_STEP in result.figures[case.name]]
+    if hosts:
+        lines += ["", *_wrap(_HOST_LEGEND, ""), *_host_table(result, hosts)]
+    for case in result.cases:
+        if isinstance(case, ViewCacheCase) and result.figures[case.name]:
+            lines += ["", *_count_table(result, case.name)]
     traces = [case for case in result.cases if isinstance(case, TraceCase)]
     fills = [case for case in result.cases if isinstance(case, FillsCase)]
     if traces:
-        lines += ["", *_trace_table(result, traces)]
+        lines += ["", *_wrap(_STEP_LEGEND, ""), *_trace_table(result, traces)]
     if fills:
         lines += ["", *_fill_table(result, fills)]
     for case in result.cases:
@@ -413,7 +495,7 @@ def render_table(
             ]
     if verbose:
         lines += ["", *_case_blocks(result)]
-    if result.checks:
-        lines += ["", *(_every_check if verbose else _target_rows)(result.checks)]
+    targets = (_every_check if verbose else _target_rows)(result.checks)
+    lines += ["", *targets] if targets else []
     closing = _closing(result, verbose=verbose, check=check, strict=strict)
     return "\n".join([*lines, "", *closing]) + "\n"

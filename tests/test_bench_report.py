@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 
 import _bench_case
 import attrs
 import pytest
 
 from bench import _report as report
-from bench._runner import BenchResult
+from bench._host_step import EcStepCase
+from bench._runner import BenchResult, Settings, environment
 from bench._stats import Measurement, Verdict, exact
+from bench._targets import check_targets
 from bench._traces import TRACE_NAMES
 
 #: The most lines the summary may take: one tall screen (the kv-offload rows made 60 too few,
-#: the words of each figure, with how to read them, 66).
-SCREEN = 72
+#: the words of each figure, with how to read them, 66, the host steps and the counts 72).
+SCREEN = 82
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +99,38 @@ def test_the_summary_fits_one_screen_and_says_each_headline(tiny_run: BenchResul
     promise_rows = target_rows(summary, "promises")
     assert any(row.startswith("bucketpool allocations after warm-up ") for row in promise_rows)
     assert not any(row.startswith("add_copies/numpy (arrays)") for row in promise_rows)
-    shown = {"bucketpool/original", "setitem/add_copies"}
+    shown = {"bucketpool/original", "setitem/add_copies", "installed/vllm"}
     shown |= {f"add_copies/numpy ({source})" for source in ("arrays", "lists")}
+    shown |= set(tiny_run.figures["view-cache"])
     figures = {c.spec.figure for c in tiny_run.checks if c.spec.kind == "promise"}
     assert len(promise_rows) == len(figures - shown)
     goals = {c.spec.figure for c in tiny_run.checks if c.spec.kind == "goal"}
     assert len(target_rows(summary, "goals")) == len(goals)
+
+
+def test_the_host_steps_come_first_then_the_counts_then_the_traces(tiny_run: BenchResult) -> None:
+    hosts = [case for case in tiny_run.figures if case.startswith("host-")]
+    if not hosts:
+        pytest.skip("no vLLM wheel (.ci/setup installs one): no host-step cases")
+    lines = report.render_table(tiny_run).splitlines()
+    firsts = [line.split()[0] if line.split() else "" for line in lines]
+    tables = [firsts.index(name) for name in (*hosts, "view-cache,", *TRACE_NAMES, "16")]
+    assert tables == sorted(tables)  # the host steps, the counts, the traces, the fills
+    assert not any(name in tiny_run.figures for name in firsts[: tables[0]])  # nothing before
+    for case in hosts:  # each with its ratio, in words, and what install() adds to a step
+        row = lines[firsts.index(case)]
+        figures = tiny_run.figures[case]
+        assert report.format_measurement(figures["installed/vllm"]) in row
+        assert f"{report.in_words(figures['installed/vllm'])}, " in row
+        extra = row.split(", ", 1)[1].split()[0]  # "+27" in "1.15x slower, +27 µs"
+        assert float(extra) == pytest.approx(
+            figures["installed - vllm ns/step"].value / 1000, abs=0.5
+        )
+    counts = lines[firsts.index("view-cache,") + 1 :]
+    for figure in ("view sets cut per step, log-uniform n", "torch calls per view set cut"):
+        (row,) = (line for line in counts if line.startswith(figure))
+        measured = tiny_run.figures["view-cache"][figure]
+        assert report.format_value(measured.value, "count") in row.split()
 
 
 def test_each_comparison_says_who_wins_in_words(tiny_run: BenchResult) -> None:
@@ -142,6 +171,48 @@ def test_the_exit_line_comes_last_with_check(tiny_run: BenchResult) -> None:
     assert checked[-1].startswith("--check: exit ")
     strict = report.render_table(tiny_run, check=True, strict=True).splitlines()
     assert strict[-1].startswith("--strict-check: exit ")
+
+
+def host_run(ratio: Measurement, extra_ns: float) -> BenchResult:
+    """A run of ``host-ec-small`` alone, measuring *ratio* and *extra_ns* over 180 µs a step."""
+    case = EcStepCase("small", 1)  # (not set up: its figures are given)
+    figures = {
+        case.name: {
+            "installed/vllm": ratio,
+            "vllm/vllm": Measurement(1.0, 0.99, 1.01, "x"),
+            "installed - vllm ns/step": Measurement(extra_ns, extra_ns - 1, extra_ns + 1, "ns"),
+            "vllm ns/step": Measurement(180_000, 170_000, 190_000, "ns"),
+        }
+    }
+    return BenchResult(
+        settings=Settings(),
+        environment=environment(),
+        cases=(case,),
+        figures=figures,
+        checks=check_targets(figures),
+        rounds={case.name: 7},
+        load={case.name: 0.0},
+        duration_s=1.0,
+    )
+
+
+def test_the_host_step_says_what_install_costs_vllm_in_words() -> None:
+    def row(ratio: Measurement, extra_ns: float) -> str:
+        (line,) = (
+            line
+            for line in report.render_table(host_run(ratio, extra_ns)).splitlines()
+            if line.startswith("host-ec-small ")
+        )
+        return line
+
+    costs = row(Measurement(1.15, 1.12, 1.18, "x"), 27_400)
+    assert "1.15x slower, +27 µs" in costs
+    assert costs.split()[1] == "180"  # vLLM's µs a step
+    assert re.search(r"  <= 1\.1x  +FAIL  ", costs)  # its promise, missed
+    assert "1.15x [1.12x-1.18x]" in costs
+    assert costs.endswith("  1x")  # the control
+    assert "cannot tell, -0.4 µs" in row(Measurement(1.0, 0.98, 1.03, "x"), -400)
+    assert "1.25x faster, -45 µs" in row(Measurement(0.8, 0.78, 0.82, "x"), -45_000)
 
 
 def judged(result: BenchResult, verdicts: dict[str, Verdict]) -> BenchResult:
