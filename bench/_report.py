@@ -22,7 +22,7 @@ from bench._counts import ViewCacheCase
 from bench._fills import SOURCES as _SOURCES
 from bench._fills import FillsCase
 from bench._host_step import CONTROL, EXTRA, HOST_RESOLUTION
-from bench._runner import BenchResult
+from bench._runner import LOAD_TOLERANCE, BenchResult
 from bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit, Verdict, exact
 from bench._targets import (
     CHECK_FAILED,
@@ -416,21 +416,33 @@ def _exit_line(checks: Sequence[Check], *, strict: bool) -> str:
     return f"{flag}: exit {status}, every {what} holds"
 
 
-def _closing(result: BenchResult, *, verbose: bool, check: bool, strict: bool) -> list[str]:
+def _loaded(result: BenchResult, *, verbose: bool) -> list[str]:
+    """Say once, before the figures, that load left timing verdicts unjudged, and what to do."""
+    loaded = [check for check in result.checks if check.verdict == "LOADED"]
+    if not loaded:
+        return []
+    timed = [c for c in result.checks if c.measurement.timed or c.verdict == "LOADED"]
+    cases = list(dict.fromkeys(check.case for check in loaded))
+    cpus = result.environment["cpus"]
+    free = (cpus if isinstance(cpus, int) else 1) - 1 + LOAD_TOLERANCE
+    where = f" ({', '.join(cases)})" if verbose else ""
+    return _wrap(
+        f"MACHINE LOOKS LOADED: {len(loaded)} of {len(timed)} timing verdicts are LOADED, not "
+        f"judged{where}: other work ran (up to {max(result.load[c] for c in cases):.1f} other "
+        f"tasks runnable on {cpus} CPUs), or a baseline's rounds varied by over a quarter. "
+        "Their figures are printed as measured, but may be off. To judge them, rerun on a quiet "
+        f"machine: stop other work and check that `uptime` shows a load average under {free:g} "
+        "(`top` shows what runs).",
+        "",
+    )
+
+
+def _closing(result: BenchResult, *, check: bool, strict: bool) -> list[str]:
     checks = result.checks
     lines = [
         f"run took {result.duration_s:.0f} s; promises: {_counts(checks, 'promise')}",
         f"goals (never failing --check): {_counts(checks, 'goal')}",
     ]
-    loaded = sorted({c.case for c in checks if c.verdict == "LOADED"})
-    if loaded:
-        peak = max(result.load[case] for case in loaded)
-        lines += _wrap(
-            f"MACHINE LOOKS LOADED (up to {peak:.1f} other tasks runnable on "
-            f"{result.environment['cpus']} CPUs, or a baseline varying by over a quarter) "
-            f"while measuring {', '.join(loaded) if verbose else f'{len(loaded)} cases'}: "
-            "not judged; rerun on a quiet machine."
-        )
     if any(c.verdict == "UNSURE" for c in checks):
         lines.append("UNSURE: the interval straddles the bound after the extra rounds (--budget).")
     lines.append(_verdict_line(checks, strict=strict))
@@ -466,6 +478,8 @@ def render_table(
         f"numpy {env['numpy']}, {env['cpus']} CPUs, {env['platform']}"
     )
     lines += _wrap(_LEGEND, "")
+    if advice := _loaded(result, verbose=verbose):
+        lines += ["", *advice]
     hosts = [case.name for case in result.cases if HOST_STEP in result.figures[case.name]]
     if hosts:
         lines += ["", *_wrap(_HOST_LEGEND, ""), *_host_table(result, hosts)]
@@ -497,5 +511,5 @@ def render_table(
         lines += ["", *_case_blocks(result)]
     targets = (_every_check if verbose else _target_rows)(result.checks)
     lines += ["", *targets] if targets else []
-    closing = _closing(result, verbose=verbose, check=check, strict=strict)
+    closing = _closing(result, check=check, strict=strict)
     return "\n".join([*lines, "", *closing]) + "\n"

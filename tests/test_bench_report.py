@@ -18,8 +18,9 @@ from bench._targets import check_targets
 from bench._traces import TRACE_NAMES
 
 #: The most lines the summary may take: one tall screen (the kv-offload rows made 60 too few,
-#: the words of each figure, with how to read them, 66, the host steps and the counts 72).
-SCREEN = 82
+#: the words of each figure, with how to read them, 66, the host steps and the counts 72, and
+#: what to do on a loaded machine 82).
+SCREEN = 86
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +223,45 @@ def judged(result: BenchResult, verdicts: dict[str, Verdict]) -> BenchResult:
         for c in result.checks
     )
     return attrs.evolve(result, checks=checks)
+
+
+def test_a_loaded_run_says_once_what_to_do_and_still_shows_the_figures(
+    tiny_run: BenchResult,
+) -> None:
+    # A busy machine: every timing verdict LOADED, the exact ones judged (PASS).
+    checks = tuple(
+        attrs.evolve(c, verdict="LOADED" if c.measurement.timed else "PASS")
+        for c in tiny_run.checks
+    )
+    timed = sum(c.measurement.timed for c in checks)
+    summary = report.render_table(attrs.evolve(tiny_run, checks=checks))
+    words = " ".join(summary.split())  # (the advice is wrapped)
+    assert words.count("MACHINE LOOKS LOADED") == 1
+    assert f"{timed} of {timed} timing verdicts are LOADED, not judged" in words
+    assert words.count("rerun on a quiet machine") == 1
+    cpus = tiny_run.environment["cpus"]
+    assert isinstance(cpus, int)
+    assert f"`uptime` shows a load average under {cpus - 0.5:g}" in words  # a CPU left free
+    lines = summary.splitlines()
+    advice = next(i for i, line in enumerate(lines) if line.startswith("MACHINE LOOKS LOADED"))
+    for trace in TRACE_NAMES:  # after it, every figure as measured, with its words
+        (row,) = (i for i, line in enumerate(lines) if line.startswith(f"{trace} "))
+        measured = tiny_run.figures[trace]["bucketpool/original"]
+        assert row > advice
+        assert report.format_measurement(measured) in lines[row]
+        assert report.in_words(measured) in lines[row]
+        assert " LOADED " in lines[row]
+    assert lines[-1].startswith("no promise FAILED; not judged (UNSURE or LOADED)")
+    verbose = " ".join(
+        report.render_table(attrs.evolve(tiny_run, checks=checks), verbose=True).split()
+    )
+    assert (
+        f"not judged ({', '.join(dict.fromkeys(c.case for c in checks if c.measurement.timed))}):"
+        in verbose
+    )
+    quiet = report.render_table(judged(tiny_run, {}))
+    assert "MACHINE LOOKS LOADED" not in quiet
+    assert "uptime" not in quiet
 
 
 @pytest.mark.parametrize("verdict", ["PASS", "FAIL", "UNSURE", "LOADED"])
