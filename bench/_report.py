@@ -54,7 +54,9 @@ _LEGEND = (
     "Verdicts judge the whole interval: UNSURE when it straddles the bound."
 )
 #: What the host-step table times.
-_HOST_LEGEND = "host step: vLLM's worker step (host time), with its own pool (vllm) and install()'s"
+_HOST_LEGEND = (
+    "host step: vLLM's worker step (host time) with its own pool (vllm) and install()'s (installed)"
+)
 #: What the trace table times.
 _STEP_LEGEND = (
     "step: bucketpool `with pool.acquire(n) as bufs: views = bufs.shrink(end)`; the original "
@@ -336,7 +338,7 @@ def _target_rows(checks: Sequence[Check]) -> list[str]:
     """
     heads = {
         "promise": ("promises (--check fails on them)", "bound", "worst case", "value", "in words"),
-        "goal": ("goals (reported, never failing --check)", "", "", "", ""),
+        "goal": ("goals (never fail --check)", "", "", "", ""),
     }
     rows: list[tuple[str, ...]] = []
     for group in _groups(checks):
