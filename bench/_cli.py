@@ -1,9 +1,10 @@
 """The command line, ``python -m bench``: arguments, the run, the exit status.
 
-Stdout gets the report; stderr the progress, one line per step.  Exit status: 0 after a
-run without ``--check``; with ``--check``, 0 when every promise holds, 1 when one FAILs, 3
-when none FAILs but one is UNSURE or LOADED (``--strict-check``: goals judged alike); 2 for
-bad arguments or an output path that cannot be written.
+Stdout gets the report; stderr the progress, one line per step; ``--json`` and ``--plot``
+files.  Exit status: 0 after a run without ``--check``; with ``--check``, 0 when every
+promise holds, 1 when one FAILs, 3 when none FAILs but one is UNSURE or LOADED
+(``--strict-check``: goals judged alike); 2 for bad arguments, an output path that cannot
+be written, or ``--plot`` without matplotlib (all said before anything runs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import attrs
 
 from bench._json import write_json
+from bench._plot import FORMATS, INSTALL, plot, unavailable
 from bench._report import WIDTH, render_table
 from bench._runner import QUICK, Settings, build_cases, run_benchmark, select_cases, selections
 from bench._targets import USAGE_ERROR, exit_status
@@ -79,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true", help="every figure and every check")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="also draw each timed ratio with its interval and bounds, coloured by verdict "
+        f"({' or '.join(FORMATS)} by the name; needs matplotlib: {INSTALL})",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="exit 1 when a promise FAILs, 3 when one is unsure"
     )
     parser.add_argument(
@@ -105,9 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.json is not None and (why := _unwritable(args.json)) is not None:
-        print(f"{PROG}: error: {why}", file=sys.stderr)
-        return USAGE_ERROR
+    if args.plot is not None:
+        if Path(args.plot).suffix.lower() not in FORMATS:
+            parser.error(f"argument --plot: {args.plot!r} must end in {' or '.join(FORMATS)}")
+        if (missing := unavailable()) is not None:
+            parser.error(f"argument --plot: {missing}")
+    for path in (args.json, args.plot):
+        if path is not None and (why := _unwritable(path)) is not None:
+            print(f"{PROG}: error: {why}", file=sys.stderr)
+            return USAGE_ERROR
     base = QUICK if args.quick else Settings()
     settings = attrs.evolve(
         base,
@@ -134,7 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_benchmark(settings, cases, progress=progress)
     if args.json is not None:
         write_json(result, args.json)
-    progress("done" + (f", wrote {args.json}" if args.json else ""))
+    if args.plot is not None:
+        plot(result, args.plot)
+    written = [path for path in (args.json, args.plot) if path is not None]
+    progress("done" + (f", wrote {' and '.join(written)}" if written else ""))
     check = args.check or args.strict_check
     report = render_table(result, verbose=args.verbose, check=check, strict=args.strict_check)
     sys.stdout.write(report)

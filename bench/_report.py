@@ -1,40 +1,78 @@
-"""The report on stdout: the traces' step ratios, the fills, the targets with their verdicts.
+"""The report on stdout: vLLM's host step, the counts, the traces, the fills, the targets.
 
-By default one screen: a row per trace, a row per fill size, the fill step, and a row per
-other target figure with its worst case; ``verbose`` adds every figure of every case and
-lists every check.  Plain text within `WIDTH` columns, so that it reads the same in a CI log
-as in a terminal; its last line says what the promises came to (or ``--check``'s status).
+By default one tall screen: first what a vLLM user feels, a row per host-step case (vLLM's
+worker step, its pool against ``install()``'s, with the control), then the view cache's
+exact counts, a row per trace, a row per fill size, the fill step, and a row per other
+target figure with its worst case; each ratio of two things says who wins in words
+(`in_words`: ``1.3x slower``, ``2x faster``, ``cannot tell``).  ``verbose`` adds every
+figure of every case and lists every check.  Plain text within `WIDTH` columns, so that it
+reads the same in a CI log as in a terminal; its last line says what the promises came to
+(or ``--check``'s status).
 """
 
 from __future__ import annotations
 
 import collections
+import re
 import textwrap
 from collections.abc import Sequence
 
 from bench._cases import FillStepCase, TraceCase
+from bench._counts import ViewCacheCase
 from bench._fills import SOURCES as _SOURCES
 from bench._fills import FillsCase
-from bench._runner import BenchResult
-from bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit, Verdict
-from bench._targets import CHECK_FAILED, CHECK_UNSURE, STEP, Check, exit_status
+from bench._host_step import CONTROL, EXTRA, HOST_RESOLUTION
+from bench._runner import LOAD_TOLERANCE, BenchResult
+from bench._stats import CONFIDENCE, RESOLUTION, Measurement, Unit, Verdict, exact
+from bench._targets import (
+    CHECK_FAILED,
+    CHECK_UNSURE,
+    HOST_STEP,
+    PROMISES,
+    STEP,
+    Check,
+    exit_status,
+)
 
-__all__ = ["WIDTH", "format_bytes", "format_measurement", "format_value", "render_table"]
+__all__ = [
+    "WIDTH",
+    "format_bytes",
+    "format_measurement",
+    "format_value",
+    "in_words",
+    "render_table",
+]
 
 #: The most columns a line of the report takes.
 WIDTH = 99
-#: What is timed, said once in every report.
+#: How to read the figures, said once in every report.
 _LEGEND = (
+    f"Ratios a/b: a's time over b's per round, paired: their median [{CONFIDENCE:.0%} interval, "
+    f"at least +-{RESOLUTION:.0%}, host steps +-{HOST_RESOLUTION:.0%}]; lower is better unless "
+    'the bound says >=. In words: a is "1.3x slower" (1.3 times b\'s time), "2x faster" (half '
+    'of it), "cannot tell" (the interval holds 1x); counts, bytes: "2x more", "2x less". '
+    "Verdicts judge the whole interval: UNSURE when it straddles the bound."
+)
+#: What the host-step table times.
+_HOST_LEGEND = (
+    "host step: vLLM's worker step (host time) with its own pool (vllm) and install()'s (installed)"
+)
+#: What the trace table times.
+_STEP_LEGEND = (
     "step: bucketpool `with pool.acquire(n) as bufs: views = bufs.shrink(end)`; the original "
     "(vLLM's, in bench/_original.py) and compat `bufs = pool.acquire(n)`, three [:end] slices, "
-    "`pool.release(bufs)`; end = n in 3 steps of 4, else uniform in [n // 2, n). Ratios a/b: "
-    f"paired per-round medians [{CONFIDENCE:.0%} interval, at least +-{RESOLUTION:.0%}]; lower "
-    "is better unless the bound says >=."
+    "`pool.release(bufs)`; end = n in 3 steps of 4, else uniform in [n // 2, n)."
 )
 #: Verdicts, worst first.
 _VERDICTS: tuple[Verdict, ...] = ("FAIL", "UNSURE", "LOADED", "PASS")
-#: Figures the trace and fill tables show with their verdicts: not repeated below them.
-_SHOWN = (STEP, *(f"add_copies/numpy ({s})" for s in _SOURCES), "setitem/add_copies")
+#: Promises the tables and the counts show with their verdicts: not repeated below them.
+_SHOWN = (
+    HOST_STEP,
+    STEP,
+    *(f"add_copies/numpy ({s})" for s in _SOURCES),
+    "setitem/add_copies",
+    *(s.figure for s in PROMISES if s.applies_to("view-cache")),
+)
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:
@@ -56,11 +94,13 @@ def format_bytes(count: float) -> str:
 
 
 def format_value(value: float, unit: Unit) -> str:
-    """Format a figure in its unit: ``0.38x``, ``1,234 ns``, ``1.5 KiB``, ``12``."""
+    """Format a figure in its unit: ``0.38x``, ``1,234 ns``, ``1.5 KiB``, ``12``, ``0.57``."""
     if unit == "x":
         return f"{value:,.3g}x" if value < 10 else f"{value:,.0f}x"
     if unit == "bytes":
         return format_bytes(value)
+    if unit == "count" and abs(value) < 100 and not float(value).is_integer():
+        return f"{value:.3g}"  # a mean count: 0.57 view sets a step, not 1
     suffix = {"ns": " ns", "ops/s": " ops/s"}.get(unit, "")
     return f"{value:,.0f}{suffix}"
 
@@ -72,6 +112,45 @@ def format_measurement(measurement: Measurement) -> str:
         return text
     low, high = (format_value(v, measurement.unit) for v in (measurement.low, measurement.high))
     return f"{text} [{low}-{high}]"
+
+
+def _factor(value: float) -> str:
+    """A factor above 1 as the report writes it (``1.3x``, ``2x``), never as ``1x``."""
+    text = format_value(value, "x")
+    return f"{value:.4g}x" if text == "1x" else text
+
+
+def in_words(measurement: Measurement) -> str:
+    """Say in words how a ratio a/b's *a* compares with *b*.
+
+    Of times: ``1.3x slower`` (a takes 1.3 times b's time), ``2x faster`` (a ratio of 0.5),
+    or ``cannot tell`` when the interval holds 1.  Exact ratios (counts, bytes): ``2x more``,
+    ``2x less``, ``the same`` or ``none``.
+
+    Raises:
+        ValueError: the figure is not a ratio (its unit is not ``x``).
+    """
+    if measurement.unit != "x":
+        raise ValueError(f"not a ratio: {measurement.unit}")
+    value = measurement.value
+    if measurement.timed:
+        if measurement.low <= 1 <= measurement.high:
+            return "cannot tell"
+        return f"{_factor(value)} slower" if value > 1 else f"{_factor(1 / value)} faster"
+    if value == 1 or value <= 0:
+        return "the same" if value == 1 else "none"
+    return f"{_factor(value)} more" if value > 1 else f"{_factor(1 / value)} less"
+
+
+def _compares(figure: str, measurement: Measurement) -> bool:
+    """Whether *figure* compares two things, so that words can say which wins.
+
+    Timed ratios do; an exact ratio does where its name says ``a/b`` (two pools' counts),
+    not ``a / b`` (a figure over its bound: ``final bytes / cache cap``).
+    """
+    return measurement.unit == "x" and (
+        measurement.timed or re.search(r"\S/\S", figure) is not None
+    )
 
 
 def _columns(rows: Sequence[Sequence[str]], align: str, wrap: int | None = None) -> list[str]:
@@ -102,14 +181,14 @@ def _columns(rows: Sequence[Sequence[str]], align: str, wrap: int | None = None)
 def _verdicts(checks: Sequence[Check], *, short: bool = False) -> str:
     """``PASS``, or the verdicts counted (``1 FAIL, 2 PASS``); ``-`` for none.
 
-    With *short*, mixed verdicts give the worst one's count only: ``1 of 3 FAIL``.
+    With *short*, mixed verdicts give the worst one's count only: ``1/3 FAIL``.
     """
     counts = collections.Counter(check.verdict for check in checks)
     if len(counts) == 1:
         return next(iter(counts))
     if short and counts:
         worst = next(v for v in _VERDICTS if counts[v])
-        return f"{counts[worst]} of {len(checks)} {worst}"
+        return f"{counts[worst]}/{len(checks)} {worst}"
     return ", ".join(f"{counts[v]} {v}" for v in _VERDICTS if counts[v]) or "-"
 
 
@@ -122,31 +201,96 @@ def _bound(checks: Sequence[Check], *, kind: bool = False) -> str:
     return f"{spec.op} {format_value(spec.limit, checks[0].measurement.unit)}{goal}"
 
 
-def _trace_table(result: BenchResult, traces: Sequence[TraceCase]) -> list[str]:
+def _micros(ns: float, *, sign: bool = False) -> str:
+    """*ns* in µs: ``176.9``, ``2,130``; with *sign*, ``+30`` or ``-4.2``."""
+    digits = 1 if abs(ns) < 10_000 else 0
+    return f"{ns / 1000:{'+' if sign else ''},.{digits}f}"
+
+
+def _host_table(result: BenchResult, cases: Sequence[str]) -> list[str]:
+    """A row per host-step case: vLLM's step, ``install()``'s ratio to it in words, control."""
     rows = [
-        ("", "original", STEP, "", "", "peak bytes:"),
-        ("trace", "ns/step", f"[{CONFIDENCE:.0%} interval]", "bound", "verdict", "original / ours"),
+        ("", "vLLM's", HOST_STEP, "install() makes", "", "", "control"),
+        (
+            "host step",
+            "µs/step",
+            f"[{CONFIDENCE:.0%} interval]",
+            "vLLM's step",
+            "bound",
+            "verdict",
+            CONTROL,
+        ),
+    ]
+    for name in cases:
+        figures = result.figures[name]
+        step = _of(result, name, HOST_STEP)
+        extra = _micros(figures[EXTRA].value, sign=True)
+        rows.append(
+            (
+                name,
+                _micros(figures["vllm ns/step"].value),
+                format_measurement(figures[HOST_STEP]),
+                f"{in_words(figures[HOST_STEP])}, {extra} µs",
+                _bound(step),
+                _verdicts(step),
+                format_value(figures[CONTROL].value, "x"),
+            )
+        )
+    return _columns(rows, "lrrlrlr")
+
+
+def _count_table(result: BenchResult, case: str) -> list[str]:
+    """The checked counts of *case*: each with its bound and verdict (exact: no interval)."""
+    rows = [(f"{case}, counted exactly (the same on any machine)", "", "bound", "verdict")]
+    for check in (c for c in result.checks if c.case == case):
+        measured = check.measurement
+        rows.append(
+            (
+                check.spec.figure,
+                format_value(measured.value, measured.unit),
+                _bound([check]),
+                check.verdict,
+            )
+        )
+    return _columns(rows, "lrrl")
+
+
+def _trace_table(result: BenchResult, traces: Sequence[TraceCase]) -> list[str]:
+    """A row per trace: the step's ratio and its words, bound, verdict; peak bytes in words."""
+    rows = [
+        ("", "original", STEP, "bucketpool", "", "", "peak bytes"),
+        (
+            "trace",
+            "ns/step",
+            f"[{CONFIDENCE:.0%} interval]",
+            "in words",
+            "bound",
+            "verdict",
+            "in words",
+        ),
     ]
     for case in traces:
         figures = result.figures[case.name]
         step = _of(result, case.name, STEP)[:1]  # the promise, else the first goal
+        original, ours = (
+            figures[f"{pool} peak bytes"].value for pool in ("original", "bucketpool")
+        )
         rows.append(
             (
                 case.name,
                 format_value(figures["original ns/step"].value, "count"),
                 format_measurement(figures[STEP]),
+                in_words(figures[STEP]),
                 _bound(step, kind=True),
                 _verdicts(step),
-                " / ".join(
-                    format_bytes(figures[f"{pool} peak bytes"].value)
-                    for pool in ("original", "bucketpool")
-                ),
+                in_words(exact(ours / original, "x")) if original else "-",
             )
         )
-    return _columns(rows, "lrrrlr")
+    return _columns(rows, "lrrlrll")
 
 
 def _fill_table(result: BenchResult, fills: Sequence[FillsCase]) -> list[str]:
+    """A row per k: each ratio in words (a of a/b is), with its verdict."""
     figures = (*(f"add_copies/numpy ({s})" for s in _SOURCES), "setitem/add_copies")
     setitem = _bound(_of(result, fills[0].name, "setitem/add_copies")) or ">= 100x"
     rows = [("", "add_copies", "", *("add_copies/numpy" for _ in _SOURCES), figures[-1])]
@@ -156,7 +300,7 @@ def _fill_table(result: BenchResult, fills: Sequence[FillsCase]) -> list[str]:
         for figure in figures:
             measured = result.figures[case.name].get(figure)
             checks = [c for c in _of(result, case.name, figure) if c.spec.kind == "promise"]
-            text = format_value(measured.value, measured.unit) if measured else "-"
+            text = in_words(measured) if measured else "-"
             cells.append(f"{text} {_verdicts(checks)}" if checks else text)
         ns = result.figures[case.name]["add_copies (arrays) ns/call"].value
         bound = _bound(_of(result, case.name, "add_copies/numpy (arrays)"))
@@ -187,17 +331,29 @@ def _groups(checks: Sequence[Check]) -> list[list[Check]]:
 
 
 def _target_rows(checks: Sequence[Check]) -> list[str]:
-    """One row per (kind, figure) with its worst case, but the promises the tables judge."""
-    rows = [("target", "figure", "bound", "worst case", "value", "verdict")]
+    """One row per (kind, figure) with its worst case, but the promises the tables judge.
+
+    The promises, then the goals under a heading of their own; a figure comparing a with b
+    (a/b) says in words how a compares.
+    """
+    heads = {
+        "promise": ("promises (--check fails on them)", "bound", "worst case", "value", "in words"),
+        "goal": ("goals (never fail --check)", "", "", "", ""),
+    }
+    rows: list[tuple[str, ...]] = []
     for group in _groups(checks):
         spec = group[0].spec
         if spec.kind == "promise" and spec.figure in _SHOWN:
-            continue  # in the trace and fill tables, case by case
+            continue  # in the tables above, case by case
+        if spec.kind in heads:
+            rows.append((*heads.pop(spec.kind), "verdict" if rows == [] else ""))
         worst = _worst(group)
-        value = format_value(worst.measurement.value, worst.measurement.unit)
+        measured = worst.measurement
+        value = format_value(measured.value, measured.unit)
+        words = in_words(measured) if _compares(spec.figure, measured) else ""
         verdict = _verdicts(group, short=True)
-        rows.append((spec.kind, spec.figure, _bound([worst]), worst.case, value, verdict))
-    return _columns(rows, "llrlrl", wrap=1)
+        rows.append((spec.figure, _bound([worst]), worst.case, value, words, verdict))
+    return _columns(rows, "lrlrll", wrap=0) if rows else []  # (every one shown above)
 
 
 def _every_check(checks: Sequence[Check]) -> list[str]:
@@ -210,9 +366,11 @@ def _every_check(checks: Sequence[Check]) -> list[str]:
             verdict: str = check.verdict
             if verdict == "LOADED":
                 verdict += f" (interval: {check.interval_verdict})"
-            measured = format_measurement(check.measurement)
-            rows.append(("", check.case, measured, _bound([check]), verdict))
-        lines += _columns(rows, "llrrl")
+            measured = check.measurement
+            words = in_words(measured) if _compares(check.spec.figure, measured) else ""
+            text = format_measurement(measured)
+            rows.append(("", check.case, text, words, _bound([check]), verdict))
+        lines += _columns(rows, "llrlrl")
     return lines
 
 
@@ -260,21 +418,33 @@ def _exit_line(checks: Sequence[Check], *, strict: bool) -> str:
     return f"{flag}: exit {status}, every {what} holds"
 
 
-def _closing(result: BenchResult, *, verbose: bool, check: bool, strict: bool) -> list[str]:
+def _loaded(result: BenchResult, *, verbose: bool) -> list[str]:
+    """Say once, before the figures, that load left timing verdicts unjudged, and what to do."""
+    loaded = [check for check in result.checks if check.verdict == "LOADED"]
+    if not loaded:
+        return []
+    timed = [c for c in result.checks if c.measurement.timed or c.verdict == "LOADED"]
+    cases = list(dict.fromkeys(check.case for check in loaded))
+    cpus = result.environment["cpus"]
+    free = (cpus if isinstance(cpus, int) else 1) - 1 + LOAD_TOLERANCE
+    where = f" ({', '.join(cases)})" if verbose else ""
+    return _wrap(
+        f"MACHINE LOOKS LOADED: {len(loaded)} of {len(timed)} timing verdicts are LOADED, not "
+        f"judged{where}: other work ran (up to {max(result.load[c] for c in cases):.1f} other "
+        f"tasks runnable on {cpus} CPUs), or a baseline's rounds varied by over a quarter. "
+        "Their figures are printed as measured, but may be off. To judge them, rerun on a quiet "
+        f"machine: stop other work and check that `uptime` shows a load average under {free:g} "
+        "(`top` shows what runs).",
+        "",
+    )
+
+
+def _closing(result: BenchResult, *, check: bool, strict: bool) -> list[str]:
     checks = result.checks
     lines = [
         f"run took {result.duration_s:.0f} s; promises: {_counts(checks, 'promise')}",
         f"goals (never failing --check): {_counts(checks, 'goal')}",
     ]
-    loaded = sorted({c.case for c in checks if c.verdict == "LOADED"})
-    if loaded:
-        peak = max(result.load[case] for case in loaded)
-        lines += _wrap(
-            f"MACHINE LOOKS LOADED (up to {peak:.1f} other tasks runnable on "
-            f"{result.environment['cpus']} CPUs, or a baseline varying by over a quarter) "
-            f"while measuring {', '.join(loaded) if verbose else f'{len(loaded)} cases'}: "
-            "not judged; rerun on a quiet machine."
-        )
     if any(c.verdict == "UNSURE" for c in checks):
         lines.append("UNSURE: the interval straddles the bound after the extra rounds (--budget).")
     lines.append(_verdict_line(checks, strict=strict))
@@ -284,13 +454,15 @@ def _closing(result: BenchResult, *, verbose: bool, check: bool, strict: bool) -
 
 
 def _case_blocks(result: BenchResult) -> list[str]:
-    """Every case: its name, rounds and description, then each figure and its interval."""
+    """Every case: its name, rounds and description, then each figure, its interval, words."""
     lines = []
     for case in result.cases:
         lines += _wrap(f"{case.name} ({result.rounds[case.name]} rounds): {case.description}")
-        figures = result.figures[case.name].items()
-        rows = [("", figure, format_measurement(measured)) for figure, measured in figures]
-        lines += _columns(rows, "llr", wrap=1) if rows else []
+        rows = [
+            ("", figure, format_measurement(m), in_words(m) if _compares(figure, m) else "")
+            for figure, m in result.figures[case.name].items()
+        ]
+        lines += _columns(rows, "llrl", wrap=1) if rows else []
     return lines
 
 
@@ -308,17 +480,26 @@ def render_table(
         f"numpy {env['numpy']}, {env['cpus']} CPUs, {env['platform']}"
     )
     lines += _wrap(_LEGEND, "")
+    if advice := _loaded(result, verbose=verbose):
+        lines += ["", *advice]
+    hosts = [case.name for case in result.cases if HOST_STEP in result.figures[case.name]]
+    if hosts:
+        lines += ["", *_wrap(_HOST_LEGEND, ""), *_host_table(result, hosts)]
+    for case in result.cases:
+        if isinstance(case, ViewCacheCase) and result.figures[case.name]:
+            lines += ["", *_count_table(result, case.name)]
     traces = [case for case in result.cases if isinstance(case, TraceCase)]
     fills = [case for case in result.cases if isinstance(case, FillsCase)]
     if traces:
-        lines += ["", *_trace_table(result, traces)]
+        lines += ["", *_wrap(_STEP_LEGEND, ""), *_trace_table(result, traces)]
     if fills:
         lines += ["", *_fill_table(result, fills)]
     for case in result.cases:
         if isinstance(case, FillStepCase):
             ratios = result.figures[case.name]
             text = ", ".join(
-                f"{format_measurement(ratios[f'{STEP} ({way})'])} against {way}"
+                f"{format_measurement(ratios[f'{STEP} ({way})'])} against {way} "
+                f"({in_words(ratios[f'{STEP} ({way})'])})"
                 for way in ("setitem", "numpy")
             )
             lines += [
@@ -330,7 +511,7 @@ def render_table(
             ]
     if verbose:
         lines += ["", *_case_blocks(result)]
-    if result.checks:
-        lines += ["", *(_every_check if verbose else _target_rows)(result.checks)]
-    closing = _closing(result, verbose=verbose, check=check, strict=strict)
+    targets = (_every_check if verbose else _target_rows)(result.checks)
+    lines += ["", *targets] if targets else []
+    closing = _closing(result, check=check, strict=strict)
     return "\n".join([*lines, "", *closing]) + "\n"

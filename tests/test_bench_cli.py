@@ -187,7 +187,7 @@ def test_every_case_the_report_names_is_a_trace_option(
         ["--budget", "soon"],
         ["--trace", "nope"],
         ["--replay", "x.trace"],
-        ["--plot", "x.png"],
+        ["--plot", "x.pdf"],  # SVG or PNG only (said before matplotlib is looked for)
         ["serve"],
     ],
 )
@@ -204,7 +204,17 @@ def test_help_lists_every_option_and_the_exit_statuses(capsys: pytest.CaptureFix
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m bench")
-    for option in ("--quick", "--rounds", "--ops", "--budget", "--trace", "--verbose", "--json"):
+    options = (
+        "--quick",
+        "--rounds",
+        "--ops",
+        "--budget",
+        "--trace",
+        "--verbose",
+        "--json",
+        "--plot",
+    )
+    for option in options:
         assert option in out
     assert "--check" in out
     assert "--strict-check" in out
@@ -217,6 +227,45 @@ def test_unwritable_output(
 ) -> None:
     assert cli.main(["--check", "--json", str(tmp_path / name)]) == 2
     assert reason in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_a_usage_error_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: import fails
+
+    def run(*args: object, **kwargs: object) -> runner.BenchResult:
+        raise AssertionError("the benchmark ran before --plot was refused")
+
+    monkeypatch.setattr(cli, "run_benchmark", run)
+    path = tmp_path / "ratios.svg"
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--trace", "repeated-64", "--plot", str(path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: argument --plot: needs matplotlib" in err
+    assert "pip install '.[plot]'" in err
+    assert not path.exists()
+
+
+def test_plot_draws_the_ratios_as_svg_and_png(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib", reason="the plot extra: pip install '.[plot]'")
+    svg = tmp_path / "ratios.svg"
+    assert (
+        cli.main(["--trace", "repeated-64", "--trace", "fills-64", *TINY, "--plot", str(svg)]) == 0
+    )
+    text = svg.read_text(encoding="utf-8")
+    assert "<svg" in text
+    for name in ("repeated-64: bucketpool/original", "fills-64: add_copies/numpy (arrays)"):
+        assert name in text  # a row per timed ratio with a target, named by case and figure
+    assert "repeated-64: original ns/step" not in text  # (no target: not drawn)
+    assert f"wrote {svg}" in capsys.readouterr().err
+    png = tmp_path / "ratios.png"
+    monkeypatch.setattr(cli, "run_benchmark", fake_run({"promise": "FAIL", "goal": "PASS"}))
+    assert cli.main(["--trace", "repeated-64", "--plot", str(png)]) == 0
+    assert png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_package_has_no_command_line_and_no_benchmark() -> None:
