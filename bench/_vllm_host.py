@@ -217,7 +217,9 @@ class HostPlatform:
     """``vllm.platforms.current_platform`` for a host that plays the accelerator.
 
     Args:
-        cuda: what ``is_cuda()`` answers (vLLM's byte tests run only where it is true).
+        cuda: what ``is_cuda()`` and ``is_cuda_alike()`` answer (vLLM's byte tests run only
+            where one is true; its stall tests, which need ``torch.cuda._sleep``, are skipped
+            by ``tests/vllm_plugin.py``).
         xpu: what ``is_xpu()`` answers (vLLM's pool then makes uint64 descriptors).
     """
 
@@ -233,7 +235,7 @@ class HostPlatform:
         return self._cuda
 
     def is_cuda_alike(self) -> bool:
-        return False  # vLLM's stall tests need torch.cuda._sleep
+        return self._cuda
 
     def is_rocm(self) -> bool:
         return False
@@ -336,6 +338,13 @@ def device_tensor(blocks: int, page_bytes: int) -> torch.Tensor:
     return host.as_subclass(FakeDeviceTensor)
 
 
+class _CudaRTLibrary:
+    """vLLM 0.34's ``CudaRTLibrary``: a failed copy leaves no device error to clear here."""
+
+    def cudaGetLastError(self) -> int:
+        return 0
+
+
 def _set_random_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -354,10 +363,11 @@ def install_kv_standin(
     """Put the EC stand-in and the KV-offload worker's stubs in place; return the device.
 
     The real modules then loaded are ``gpu_worker``, ``base``, ``config``, ``common``,
-    ``shared_offload_region`` and vLLM's ``math_utils``; no Triton (copies go to
-    ``vllm._custom_ops.swap_blocks_batch``), no host registration, no pinning, no check of
-    ``/dev/shm``.  With *device_tensors*, every ``CanonicalKVCacheTensor`` made holds a
-    `FakeDeviceTensor` (vLLM's own tests make their "device" tensors on ``cpu:0`` here).
+    ``shared_offload_region``, vLLM's ``math_utils`` and (from vLLM 0.34) ``pointer_utils``;
+    no Triton (copies go to ``vllm._custom_ops.swap_blocks_batch``), no host registration,
+    no pinning, no check of ``/dev/shm``, no device error to clear after a failed copy.
+    With *device_tensors*, every ``CanonicalKVCacheTensor`` made holds a `FakeDeviceTensor`
+    (vLLM's own tests make their "device" tensors on ``cpu:0`` here).
     """
     host = install_standin(patches, locations, eager=eager, cuda=cuda, xpu=xpu)
     stubs: dict[str, dict[str, object]] = {
@@ -368,10 +378,11 @@ def install_kv_standin(
             "host_register": lambda address, size: False,
             "host_unregister": lambda address: None,
         },
-        "vllm.distributed.device_communicators": {},
+        "vllm.distributed.device_communicators": {"__path__": []},  # a package
         "vllm.distributed.device_communicators.shm_broadcast": {
             "check_shm_free_space": lambda *args, **kwargs: None
         },
+        "vllm.distributed.device_communicators.cuda_wrapper": {"CudaRTLibrary": _CudaRTLibrary},
         "vllm.v1.kv_offload.cpu.swap_blocks_triton": {
             "THRESHOLD_BYTES": 1 << 20,
             "swap_blocks_batch": swap_blocks_batch,
