@@ -2,11 +2,11 @@
 
 The benchmark's host-step cases (`bench._host_step`) and the tests against vLLM
 (``tests/_vllm_standin.py``) load vLLM's real EC CPU worker and KV-offload worker from a
-wheel installed without its dependencies (``.ci/setup`` puts it in ``.vllm/site``; see
-`vllm_locations`).  vLLM's own ``__init__`` files pull in most of its dependencies, so the
-packages on the way are registered as bare packages over the real directories (their
-``__init__`` never runs), and the few modules the workers import from elsewhere are small
-stand-ins:
+wheel installed without its dependencies (``.ci/setup`` puts the newest in ``.vllm/site``,
+and the modules of an older one in ``.vllm/VERSION/site``; see `vllm_sites`).  vLLM's own
+``__init__`` files pull in most of its dependencies, so the packages on the way are
+registered as bare packages over the real directories (their ``__init__`` never runs), and
+the few modules the workers import from elsewhere are small stand-ins:
 
 - ``vllm._custom_ops.swap_blocks_batch`` queues a `bucketpool.testing.swap_blocks_batch`
   call on the `HostDevice`;
@@ -60,13 +60,16 @@ __all__ = [
     "swap_blocks_batch",
     "use_device",
     "vllm_locations",
+    "vllm_sites",
+    "vllm_version",
 ]
 
 WORKER = "vllm.distributed.ec_transfer.ec_connector.cpu.worker"
 KV_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
-#: The environment variable naming a directory that holds the ``vllm`` package to use.
+#: The environment variable naming the directories that hold the ``vllm`` packages to use.
 SITE_VARIABLE = "BUCKETPOOL_VLLM_SITE"
-#: Where ``.ci/setup`` installs vLLM's wheel; where to look when the variable is unset.
+#: Where ``.ci/setup`` installs the newest vLLM's wheel; the first place to look when the
+#: variable is unset.  Older vLLMs' modules go to ``.vllm/VERSION/site`` (`vllm_sites`).
 DEFAULT_SITE = Path(__file__).resolve().parent.parent / ".vllm" / "site"
 
 # Packages registered bare over the real directories: their __init__ imports half of vLLM.
@@ -90,28 +93,75 @@ class Patches(Protocol):
     def delitem(self, mapping: Any, name: str) -> None: ...
 
 
-def vllm_locations() -> list[str] | None:
-    """Return the directories of the ``vllm`` package to use, or None without one.
+def vllm_sites() -> list[Path]:
+    """Return the directories holding the ``vllm`` packages to use, the newest first.
 
-    The package is looked for in the directory ``$BUCKETPOOL_VLLM_SITE`` names, by default
-    `DEFAULT_SITE` (a ``pip install --no-deps --target`` directory), and then on
-    ``sys.path``.  That directory is not put on ``sys.path``: only the stand-in's bare
-    packages reach it, so the rest of the process sees no vLLM.  Finding the package runs
-    none of its code, so a wheel installed without its dependencies is found too.
+    ``$BUCKETPOOL_VLLM_SITE`` names them, separated by `os.pathsep`.  Unset: `DEFAULT_SITE`
+    (a ``pip install --no-deps --target`` directory) and each ``.vllm/VERSION/site`` beside
+    it that holds a ``vllm`` package (``.ci/setup`` puts there the modules of an older vLLM
+    that the stand-in loads, from its sdist), newest first; without any, the directory of
+    an importable ``vllm``.  No directory is put on ``sys.path``: only the stand-in's bare
+    packages reach into it, so the rest of the process sees no vLLM.  Finding a package
+    runs none of its code, so a wheel installed without its dependencies is found too.
 
     Raises:
-        RuntimeError: ``$BUCKETPOOL_VLLM_SITE`` is set but holds no ``vllm`` package (a set
-            variable means the tests must run, so they fail rather than skip).
+        RuntimeError: a directory ``$BUCKETPOOL_VLLM_SITE`` names holds no ``vllm`` package
+            (a set variable means the tests must run, so they fail rather than skip).
     """
     named = os.environ.get(SITE_VARIABLE, "")
-    spec = importlib.machinery.PathFinder.find_spec("vllm", [named or str(DEFAULT_SITE)])
+    if named:
+        sites = [Path(each) for each in named.split(os.pathsep) if each]
+        for site in sites:
+            if _package(site) is None:
+                raise RuntimeError(f"{SITE_VARIABLE}={named!r}: {site} holds no vllm package")
+        return sites
+    older = sorted(DEFAULT_SITE.parent.glob("*/site"), key=_release, reverse=True)
+    found = [site for site in (DEFAULT_SITE, *older) if _package(site) is not None]
+    if found:
+        return found
+    spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        if named:
-            raise RuntimeError(f"{SITE_VARIABLE}={named!r} holds no vllm package")
-        spec = importlib.util.find_spec("vllm")
-        if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(next(iter(spec.submodule_search_locations))).parent]
+
+
+def vllm_locations(site: Path | None = None) -> list[str] | None:
+    """Return the directories of the ``vllm`` package in *site*, or None without one.
+
+    *site* defaults to the first of `vllm_sites` (the newest vLLM).
+
+    Raises:
+        RuntimeError: as `vllm_sites`.
+    """
+    if site is None:
+        sites = vllm_sites()
+        if not sites:
             return None
+        site = sites[0]
+    return _package(site)
+
+
+def vllm_version(site: Path) -> str:
+    """The version of the vLLM in *site*: its wheel's ``dist-info``, else the directory's.
+
+    ``.ci/setup``'s older vLLMs are in ``.vllm/VERSION/site``, with no ``dist-info``.
+    """
+    for info in site.glob("vllm-*.dist-info"):
+        return info.name.removeprefix("vllm-").removesuffix(".dist-info")
+    return site.parent.name if site.name == "site" else site.name
+
+
+def _package(site: Path) -> list[str] | None:
+    spec = importlib.machinery.PathFinder.find_spec("vllm", [str(site)])
+    if spec is None or not spec.submodule_search_locations:
+        return None
     return list(spec.submodule_search_locations)
+
+
+def _release(site: Path) -> tuple[int, ...]:
+    """``.vllm/0.33.0/site``'s release, (0, 33, 0), for sorting (a stray name sorts last)."""
+    parts = site.parent.name.split(".")
+    return tuple(int(part) for part in parts) if all(p.isdigit() for p in parts) else ()
 
 
 def device() -> HostDevice:

@@ -1,9 +1,10 @@
 """``install(kv_offload=True)``: vLLM's real KV-offload handlers on bucketpool's pool.
 
-Runs where a ``vllm`` package can be found (as ``test_vllm_real.py``), over the host
-KV stand-in of ``bench/_vllm_host.py``: copies are queued and run in order only when the test
-advances the device, and each reads its descriptors when it runs, as a GPU does, so a
-buffer reused while its copy is queued changes what the copy moves.  Every trace is checked
+Runs for each ``vllm`` package found (as ``test_vllm_real.py``: 0.34.0 and 0.33.0 after
+``.ci/setup``), over the host KV stand-in of ``bench/_vllm_host.py``: copies are queued and
+run in order only when the test advances the device, and each reads its descriptors when it
+runs, as a GPU does, so a buffer reused while its copy is queued changes what the copy
+moves.  Every trace is checked
 byte for byte against a model, with vLLM's own list and with the drop-in, under
 ``torch.inference_mode()`` (vLLM's ``execute_model`` runs the transfers in it).
 """
@@ -18,8 +19,10 @@ import pickle
 import random
 import sys
 import types
+import typing
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import _vllm_standin as standin
@@ -31,12 +34,8 @@ import torch
 from bucketpool import BucketPool, LeakWarning, ReleaseError, _kv_offload
 from bucketpool import vllm as bucketpool_vllm
 
-pytestmark = pytest.mark.skipif(
-    standin.vllm_locations() is None,
-    reason="no vLLM: run .ci/setup, or see docs/development.md",
-)
-
 PAGES = (48, 64)  # bytes per device block of each KV tensor
+WRAPPED = ("transfer_async", "shutdown")  # what install wraps in a handler
 DEVICE_BLOCKS = 32
 HOST_CHUNKS = 24
 
@@ -45,15 +44,21 @@ def _vllm_names() -> set[str]:
     return {name for name in sys.modules if name.split(".")[0] in ("vllm", "vllm_ascend")}
 
 
+@pytest.fixture(params=standin.site_params())
+def vllm_site(request: pytest.FixtureRequest) -> Path:
+    """Each vLLM found, the newest first."""
+    return typing.cast("Path", request.param)
+
+
 @pytest.fixture(params=[False, True], ids=["int64", "xpu-uint64"])
 def gpu_worker(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, vllm_site: Path
 ) -> Iterator[types.ModuleType]:
     """vLLM's real ``gpu_worker`` over the stand-in; everything is undone afterwards."""
     before = _vllm_names()
     for name in ("BUCKETPOOL_CONF", "BUCKETPOOL_DEBUG"):  # the pools install makes: defaults
         monkeypatch.delenv(name, raising=False)
-    standin.install_kv_standin(monkeypatch, eager=False, xpu=request.param)
+    standin.install_kv_standin(monkeypatch, eager=False, xpu=request.param, site=vllm_site)
     try:
         yield importlib.import_module(standin.KV_WORKER)
     finally:
@@ -71,7 +76,10 @@ def base() -> Any:
 
 
 def make_worker(module: types.ModuleType, blocks_per_chunk: int = 1) -> Any:
-    """A CPUOffloadingWorker over two device tensors of different page sizes, one group."""
+    """A CPUOffloadingWorker over two device tensors of different page sizes, one group.
+
+    The caches it was made over are its ``test_caches`` (`specs` and `device_pages` read them).
+    """
     b = base()
     tensors = [
         b.CanonicalKVCacheTensor(
@@ -81,15 +89,37 @@ def make_worker(module: types.ModuleType, blocks_per_chunk: int = 1) -> Any:
     ]
     refs = [[b.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=p) for i, p in enumerate(PAGES)]]
     caches = b.CanonicalKVCaches(tensors=tensors, group_data_refs=refs)
-    return module.CPUOffloadingWorker(
+    worker = module.CPUOffloadingWorker(
         kv_caches=caches, blocks_per_chunk=blocks_per_chunk, num_cpu_chunks=HOST_CHUNKS
     )
+    worker.test_caches = caches
+    return worker
 
 
-def specs(blocks: list[int], chunks: list[int]) -> tuple[Any, Any]:
+def specs(worker: Any, blocks: list[int], chunks: list[int]) -> tuple[Any, Any]:
+    """A transfer's device side and CPU spec, as *worker*'s vLLM takes them.
+
+    Store: ``submit_store(job, *specs(...))``; load: ``submit_load(job, cpu, device)``.  The
+    device side is a ``GPULoadStoreSpec`` up to vLLM 0.33, its ``DevicePointers`` (resolved
+    by ``pointer_utils``, as vLLM's connector does) from 0.34.
+    """
     common = importlib.import_module("vllm.v1.kv_offload.cpu.common")
     gpu = base().GPULoadStoreSpec(blocks, group_sizes=(len(blocks),), block_indices=(0,))
+    if hasattr(base(), "DevicePointers"):
+        pointers = importlib.import_module("vllm.v1.kv_offload.pointer_utils")
+        gpu = pointers.resolve_device_pointers(gpu, worker.test_caches)
     return gpu, common.CPULoadStoreSpec(chunks)
+
+
+def device_pages(worker: Any) -> list[torch.Tensor]:
+    """The device tensors *worker* copies from and to (`make_worker`'s)."""
+    return [each.tensor for each in worker.test_caches.tensors]
+
+
+def host_pages(worker: Any) -> list[torch.Tensor]:
+    """The host tensors *worker* copies to and from (one list per handler up to vLLM 0.33)."""
+    store = worker._store_handler
+    return list(store.cpu_tensors if hasattr(store, "cpu_tensors") else store.dst_tensors)
 
 
 def pages(tensor: torch.Tensor, page: int) -> npt.NDArray[np.uint8]:
@@ -107,9 +137,8 @@ def run_trace(module: types.ModuleType, seed: int, steps: int, blocks_per_chunk:
     rng = random.Random(seed)
     device = standin.device()
     worker = make_worker(module, blocks_per_chunk)
-    store = worker._store_handler
-    gpu = [pages(t, p) for t, p in zip(store.src_tensors, PAGES, strict=True)]
-    host = [pages(t, p) for t, p in zip(store.dst_tensors, PAGES, strict=True)]
+    gpu = [pages(t, p) for t, p in zip(device_pages(worker), PAGES, strict=True)]
+    host = [pages(t, p) for t, p in zip(host_pages(worker), PAGES, strict=True)]
     for array in (*gpu, *host):
         array[:] = np.frombuffer(rng.randbytes(array.size), np.uint8).reshape(array.shape)
     model = [[a.copy() for a in gpu], [a.copy() for a in host]]
@@ -124,7 +153,7 @@ def run_trace(module: types.ModuleType, seed: int, steps: int, blocks_per_chunk:
                     rows = [
                         c * blocks_per_chunk + i for c in chunks for i in range(blocks_per_chunk)
                     ]
-                    gpu_spec, cpu_spec = specs(blocks, chunks)
+                    gpu_spec, cpu_spec = specs(worker, blocks, chunks)
                     if rng.random() < 0.5:
                         assert worker.submit_store(job, gpu_spec, cpu_spec)
                         queued.append((1, blocks, rows))
@@ -216,7 +245,7 @@ def test_shutdown_gives_back_what_it_synchronised(gpu_worker: types.ModuleType) 
     worker = make_worker(gpu_worker)
     with torch.inference_mode():
         for job in range(3):
-            assert worker.submit_store(job, *specs([job], [job]))
+            assert worker.submit_store(job, *specs(worker, [job], [job]))
     pool = pool_of(gpu_worker)
     assert pool.stats().active_requests.current == 3
     with warnings.catch_warnings():
@@ -237,9 +266,9 @@ def test_a_failed_synchronize_keeps_in_flight_buffers_out_of_reuse(
     handler = worker._store_handler
     with torch.inference_mode():
         for job in range(2):
-            assert handler.transfer_async(job, *specs([job], [job]))
+            assert handler.transfer_async(job, *specs(worker, [job], [job]))
     in_flight = {transfer.batch_src.data_ptr() for transfer in handler._transfers}
-    kept = [*handler.src_tensors, *handler.dst_tensors]  # shutdown drops them; copies write
+    kept = [*device_pages(worker), *host_pages(worker)]  # shutdown drops them; copies write
 
     def device_lost() -> None:
         raise RuntimeError("device lost")
@@ -336,7 +365,7 @@ def test_vllms_own_lists_keep_working(gpu_worker: types.ModuleType) -> None:
     """A handler made before install keeps its own triple, and a triple made after uninstall."""
     early = make_worker(gpu_worker)
     with torch.inference_mode():
-        assert early.submit_store(0, *specs([0], [0]))
+        assert early.submit_store(0, *specs(early, [0], [0]))
     standin.device().drain()
     assert [r.job_id for r in early.get_finished()] == [0]
     own = early._store_handler._buffer_pool[0]  # vLLM's, in vLLM's plain list
@@ -347,7 +376,7 @@ def test_vllms_own_lists_keep_working(gpu_worker: types.ModuleType) -> None:
         warnings.simplefilter("error", LeakWarning)
         with torch.inference_mode():
             for job, worker in enumerate((early, late), 1):
-                assert worker.submit_store(job, *specs([job], [job]))
+                assert worker.submit_store(job, *specs(worker, [job], [job]))
         standin.device().drain()
         assert [r.job_id for r in (*early.get_finished(), *late.get_finished())] == [1, 2]
         assert [t[0] is own[0] for t in early._store_handler._buffer_pool] == [True]  # reused
@@ -355,7 +384,7 @@ def test_vllms_own_lists_keep_working(gpu_worker: types.ModuleType) -> None:
         early.shutdown()
         bucketpool_vllm.uninstall()
         with torch.inference_mode():
-            assert late.submit_store(3, *specs([3], [3]))  # vLLM's own buffers again
+            assert late.submit_store(3, *specs(late, [3], [3]))  # vLLM's own buffers again
         standin.device().drain()
         late.get_finished()
         assert len(late._store_handler._buffer_pool) == 1  # kept, as vLLM's list would
@@ -379,11 +408,11 @@ def test_a_handler_made_before_install_reports_no_leak_when_it_grows(
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         with torch.inference_mode():
-            assert early.submit_store(0, *specs([0], [0]))  # 2 ops: a bucket of 16
+            assert early.submit_store(0, *specs(early, [0], [0]))  # 2 ops: a bucket of 16
             device.drain()
             assert [result.job_id for result in early.get_finished()] == [0]
             blocks = list(range(12))  # 24 ops: vLLM drops the 16 it pops, asks for 24
-            assert early.submit_store(1, *specs(blocks, blocks))
+            assert early.submit_store(1, *specs(early, blocks, blocks))
             device.drain()
             assert [result.job_id for result in early.get_finished()] == [1]
         early.shutdown()
@@ -418,7 +447,7 @@ def test_install_rebinds_and_wraps_in_vllm_ascend(gpu_worker: types.ModuleType) 
 
     handler = _handler_class(own.__name__)
     vars(own).update(_new_descriptor_buffers=own_factory, Handler=handler)
-    originals = (vars(handler)["transfer_async"], vars(handler)["shutdown"])
+    originals = [vars(handler)[name] for name in WRAPPED]
     sys.modules[imported.__name__] = imported
     bucketpool_vllm.install(kv_offload=True)
     assert isinstance(imported._new_descriptor_buffers, functools.partial)
@@ -439,23 +468,23 @@ def test_install_rebinds_and_wraps_in_vllm_ascend(gpu_worker: types.ModuleType) 
     bucketpool_vllm.uninstall()
     assert imported._new_descriptor_buffers is gpu_worker._new_descriptor_buffers
     assert own._new_descriptor_buffers is own_factory
-    assert (vars(handler)["transfer_async"], vars(handler)["shutdown"]) == originals
+    assert [vars(handler)[name] for name in WRAPPED] == originals
 
 
 def test_uninstall_restores_vllm(gpu_worker: types.ModuleType) -> None:
     cls = gpu_worker.SingleDirectionOffloadingHandler
-    transfer = "transfer_async"
-    originals = (gpu_worker._new_descriptor_buffers, vars(cls)[transfer], vars(cls)["shutdown"])
+    methods = [vars(cls)[name] for name in WRAPPED]
+    factory = gpu_worker._new_descriptor_buffers
     bucketpool_vllm.install()  # without kv_offload: the KV worker is untouched
-    assert gpu_worker._new_descriptor_buffers is originals[0]
+    assert gpu_worker._new_descriptor_buffers is factory
+    assert [vars(cls)[name] for name in WRAPPED] == methods
     bucketpool_vllm.install(kv_offload=True)
     bucketpool_vllm.install(kv_offload=True)  # again: nothing more
-    assert len(_kv_offload._swaps) == 3
-    assert vars(cls)[transfer] is not originals[1]
+    assert len(_kv_offload._swaps) == 1 + len(WRAPPED)
+    assert not {id(vars(cls)[name]) for name in WRAPPED} & {id(each) for each in methods}
     bucketpool_vllm.uninstall()
-    assert (gpu_worker._new_descriptor_buffers, vars(cls)[transfer], vars(cls)["shutdown"]) == (
-        originals
-    )
+    assert gpu_worker._new_descriptor_buffers is factory
+    assert [vars(cls)[name] for name in WRAPPED] == methods
     assert not bucketpool_vllm.installed()
     assert not _kv_offload._pools
 
