@@ -15,6 +15,7 @@ import copy
 import functools
 import gc
 import importlib
+import logging
 import pickle
 import random
 import sys
@@ -35,7 +36,7 @@ from bucketpool import BucketPool, LeakWarning, ReleaseError, _kv_offload
 from bucketpool import vllm as bucketpool_vllm
 
 PAGES = (48, 64)  # bytes per device block of each KV tensor
-WRAPPED = ("transfer_async", "shutdown")  # what install wraps in a handler
+WRAPPED = ("transfer_async", "get_finished", "shutdown")  # what install wraps in a handler
 DEVICE_BLOCKS = 32
 HOST_CHUNKS = 24
 
@@ -291,6 +292,141 @@ def test_a_failed_synchronize_keeps_in_flight_buffers_out_of_reuse(
         returns.append(triple)
     assert pool.outstanding() == []
     assert pool.stats().leaks == 0
+
+
+def _copy_fails(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("copy failed")  # vLLM 0.34 catches a RuntimeError of the copy
+
+
+def _device_lost() -> bool:
+    raise RuntimeError("device lost")
+
+
+def _failing(module: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Skip before vLLM 0.34; else silence the worker's log of a failure.
+
+    vLLM logs each failure with ``logger.exception``: a record holding the traceback, whose
+    frames hold the failed transfer's triple for as long as a handler keeps the record
+    (pytest's do, to the end of the test).
+    """
+    if "failed" not in getattr(module.Transfer, "__dataclass_fields__", {}):
+        pytest.skip("this vLLM (before 0.34) has no failed transfers: an error propagates")
+    monkeypatch.setattr(logging.getLogger(module.__name__), "disabled", True)
+
+
+def test_a_failed_copy_gives_its_triple_back_when_vllm_drops_it(
+    gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.34 keeps a transfer whose copy raised until its end event is done, then drops
+    its triple: the triple comes back then, at once, and no LeakWarning names vLLM's line.
+
+    vLLM records the end event after the failed copy, on the transfer's stream: it is done
+    once the copies queued before have run (and whatever part of this one was queued).
+    """
+    _failing(gpu_worker, monkeypatch)
+    bucketpool_vllm.install(kv_offload=True)
+    pool = pool_of(gpu_worker)
+    worker = make_worker(gpu_worker)
+    handler = worker._store_handler
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with torch.inference_mode():
+            assert handler.transfer_async(0, *specs(worker, [0], [0]))  # queued, not run
+            copy, handler._swap_blocks_batch = handler._swap_blocks_batch, _copy_fails
+            assert handler.transfer_async(1, *specs(worker, [1], [1]))  # failed, logged
+            handler._swap_blocks_batch = copy
+        assert [transfer.failed for transfer in handler._transfers] == [False, True]
+        failed = handler._transfers[1].batch_src.data_ptr()
+        assert handler.get_finished() == []  # its end event waits for copy 0
+        assert len(pool.outstanding()) == 2  # vLLM holds it: not reusable
+        standin.device().drain()
+        assert [(r.job_id, r.success) for r in handler.get_finished()] == [(0, True), (1, False)]
+        gc.collect()
+        stats = pool.stats()
+        assert (stats.active_requests.current, stats.parked) == (0, 0)  # back at once
+        again = [gpu_worker._new_descriptor_buffers(1) for _ in range(2)]
+        assert failed in {triple[0].data_ptr() for triple in again}  # reused
+        returns = _kv_offload._Returns()
+        for triple in again:
+            returns.append(triple)
+        worker.shutdown()
+    assert _leaks(record) == []
+    assert pool.stats().leaks == 0
+    assert pool.outstanding() == []
+
+
+def test_a_dropped_triple_comes_back_when_get_finished_raises_after(
+    gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error vLLM lets out of ``get_finished`` (one not a RuntimeError) loses the results
+    of the transfers it dropped before: their triples come back all the same."""
+    _failing(gpu_worker, monkeypatch)
+    bucketpool_vllm.install(kv_offload=True)
+    pool = pool_of(gpu_worker)
+    worker = make_worker(gpu_worker)
+    handler = worker._store_handler
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with torch.inference_mode():
+            copy, handler._swap_blocks_batch = handler._swap_blocks_batch, _copy_fails
+            assert handler.transfer_async(0, *specs(worker, [0], [0]))  # failed
+            handler._swap_blocks_batch = copy
+            assert handler.transfer_async(1, *specs(worker, [1], [1]))
+        standin.device().drain()
+        event = handler._transfers[1].end_event
+        event.query = types.MethodType(lambda self: self.missing, event)  # AttributeError
+        with pytest.raises(AttributeError):
+            handler.get_finished()  # dropped the failed transfer, then raised
+        gc.collect()
+        assert len(pool.outstanding()) == 1  # the second, still queued
+        assert pool.stats().parked == 0
+        del event.query
+        assert [(r.job_id, r.success) for r in handler.get_finished()] == [(1, True)]
+        worker.shutdown()
+    assert _leaks(record) == []
+    assert pool.stats().leaks == 0
+    assert pool.outstanding() == []
+
+
+def test_a_failed_poll_parks_its_triple_on_the_end_event(
+    gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.34 drops the triple of a transfer whose end event raised when polled, with its
+    copy perhaps still queued: the triple comes back parked on that event, and no
+    LeakWarning names vLLM's line.  The copy runs with its own descriptors."""
+    _failing(gpu_worker, monkeypatch)
+    bucketpool_vllm.install(kv_offload=True)
+    pool = pool_of(gpu_worker)
+    worker = make_worker(gpu_worker)
+    handler = worker._store_handler
+    gpu, host = (pages(each[0], PAGES[0]) for each in (device_pages(worker), host_pages(worker)))
+    gpu[0] = np.arange(PAGES[0], dtype=np.uint8)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with torch.inference_mode():
+            assert handler.transfer_async(0, *specs(worker, [0], [0]))  # queued, not run
+        parked = handler._transfers[0].batch_src.data_ptr()
+        event = handler._transfers[0].end_event
+        event.query = _device_lost
+        assert [(r.job_id, r.success) for r in handler.get_finished()] == [(0, False)]
+        assert not handler._transfers
+        gc.collect()
+        del event.query  # the device answers again: the copy is still queued
+        assert pool.stats().parked == 1
+        assert pool.outstanding() == []  # released, parked
+        other = gpu_worker._new_descriptor_buffers(1)
+        assert other[0].data_ptr() != parked  # not reusable while the copy may read it
+        other[0].fill_(-1)  # (had it been the parked buffer: the copy's source gone wrong)
+        standin.device().drain()  # the copy runs, reading its own descriptors
+        np.testing.assert_array_equal(host[0], gpu[0])
+        assert pool.collect() == 1  # retired once its end event is done
+        returns = _kv_offload._Returns()
+        returns.append(other)
+        worker.shutdown()
+    assert _leaks(record) == []
+    assert pool.stats().leaks == 0
+    assert pool.stats().parked == 0
+    assert pool.outstanding() == []
 
 
 def test_shutdown_keeps_vllms_outcome_over_a_bad_triple(gpu_worker: types.ModuleType) -> None:
