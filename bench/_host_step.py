@@ -25,6 +25,7 @@ Each case also times vLLM's copy against itself, as a control (``vllm/vllm``).
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import math
@@ -292,12 +293,21 @@ class KvStepCase(_HostStepCase):
         )
 
     def load(self, name: str) -> dict[str, types.ModuleType]:
-        """The worker module, with its copy's ``common`` (the CPU spec)."""
+        """The worker module, with its copy's ``common`` (the CPU spec) and ``pointer_utils``.
+
+        ``pointer_utils`` is vLLM 0.34's: a transfer takes the device pointers it resolves.
+        """
         importlib.import_module("vllm.v1.kv_offload.cpu.common")
+        if hasattr(importlib.import_module("vllm.v1.kv_offload.base"), "DevicePointers"):
+            importlib.import_module("vllm.v1.kv_offload.pointer_utils")
         return super().load(name)
 
     def make(self, modules: dict[str, types.ModuleType]) -> Any:
-        """A CPUOffloadingWorker over four device tensors, one group, its job id and specs."""
+        """A CPUOffloadingWorker over four device tensors, one group, its job id and specs.
+
+        The device side of a transfer is a ``GPULoadStoreSpec`` up to vLLM 0.33; from 0.34,
+        the ``DevicePointers`` resolved from it over the worker's caches.
+        """
         base = modules["vllm.v1.kv_offload.base"]
         common = modules["vllm.v1.kv_offload.cpu.common"]
         tensors = [
@@ -316,7 +326,11 @@ class KvStepCase(_HostStepCase):
         worker = modules[host.KV_WORKER].CPUOffloadingWorker(
             kv_caches=caches, blocks_per_chunk=1, num_cpu_chunks=_KV_BLOCKS
         )
-        return [worker, 0, base.GPULoadStoreSpec, common.CPULoadStoreSpec]
+        device: Callable[..., Any] = base.GPULoadStoreSpec
+        pointers = modules.get("vllm.v1.kv_offload.pointer_utils")
+        if pointers is not None:
+            device = functools.partial(_resolved, pointers.resolve_device_pointers, device, caches)
+        return [worker, 0, device, common.CPULoadStoreSpec]
 
     def plan(self, rng: random.Random) -> Any:
         """A store or a load of log-uniform 1-512 blocks; copies left in flight after it."""
@@ -326,7 +340,10 @@ class KvStepCase(_HostStepCase):
         return rng.random() < 0.5, blocks, chunks, rng.randint(1, 3)
 
     def prepare(self, worker: Any, plan: Any) -> Any:
-        """The transfer's specs, of *worker*'s own classes."""
+        """The transfer's specs, of *worker*'s own classes.
+
+        Device pointers are resolved here, untimed: vLLM's connector does it before it submits.
+        """
         store, blocks, chunks, in_flight = plan
         gpu = worker[2](blocks, group_sizes=(len(blocks),), block_indices=(0,))
         return store, gpu, worker[3](chunks), in_flight
@@ -349,6 +366,13 @@ class KvStepCase(_HostStepCase):
         """Report what finished, then shut down."""
         worker[0].get_finished()
         worker[0].shutdown()
+
+
+def _resolved(
+    resolve: Callable[..., Any], spec: Callable[..., Any], caches: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """The device pointers *resolve* finds over *caches* for the ``spec(*args, **kwargs)``."""
+    return resolve(spec(*args, **kwargs), caches)
 
 
 def host_step_cases(steps: int) -> list[EcStepCase | KvStepCase]:

@@ -298,8 +298,8 @@ def run_benchmark(
             for case in pending:
                 run_rounds(case, min(_EXTRA_ROUNDS, settings.max_rounds - rounds[case.name]))
             figures, checks = judge()
-    finally:
-        for case in cases:
+    finally:  # the last set up first: each undoes its patches over the state it found
+        for case in reversed(cases):
             case.close()
     return BenchResult(
         settings=settings,

@@ -2,10 +2,11 @@
 
 The benchmark's host-step cases (`bench._host_step`) and the tests against vLLM
 (``tests/_vllm_standin.py``) load vLLM's real EC CPU worker and KV-offload worker from a
-wheel installed without its dependencies (``.ci/setup`` puts it in ``.vllm/site``; see
-`vllm_locations`).  vLLM's own ``__init__`` files pull in most of its dependencies, so the
-packages on the way are registered as bare packages over the real directories (their
-``__init__`` never runs; ``vllm`` gets the ``__version__`` its ``__init__`` would set), and
+wheel installed without its dependencies (``.ci/setup`` puts the newest in ``.vllm/site``,
+and the modules of an older one in ``.vllm/VERSION/site``; see `vllm_sites`).  vLLM's own
+``__init__`` files pull in most of its dependencies, so the packages on the way are
+registered as bare packages over the real directories (their ``__init__`` never runs;
+``vllm`` gets the ``__version__`` its ``__init__`` would set), and
 the few modules the workers import from elsewhere are small stand-ins:
 
 - ``vllm._custom_ops.swap_blocks_batch`` queues a `bucketpool.testing.swap_blocks_batch`
@@ -61,13 +62,16 @@ __all__ = [
     "swap_blocks_batch",
     "use_device",
     "vllm_locations",
+    "vllm_sites",
+    "vllm_version",
 ]
 
 WORKER = "vllm.distributed.ec_transfer.ec_connector.cpu.worker"
 KV_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
-#: The environment variable naming a directory that holds the ``vllm`` package to use.
+#: The environment variable naming the directories that hold the ``vllm`` packages to use.
 SITE_VARIABLE = "BUCKETPOOL_VLLM_SITE"
-#: Where ``.ci/setup`` installs vLLM's wheel; where to look when the variable is unset.
+#: Where ``.ci/setup`` installs the newest vLLM's wheel; the first place to look when the
+#: variable is unset.  Older vLLMs' modules go to ``.vllm/VERSION/site`` (`vllm_sites`).
 DEFAULT_SITE = Path(__file__).resolve().parent.parent / ".vllm" / "site"
 
 # Packages registered bare over the real directories: their __init__ imports half of vLLM.
@@ -91,28 +95,75 @@ class Patches(Protocol):
     def delitem(self, mapping: Any, name: str) -> None: ...
 
 
-def vllm_locations() -> list[str] | None:
-    """Return the directories of the ``vllm`` package to use, or None without one.
+def vllm_sites() -> list[Path]:
+    """Return the directories holding the ``vllm`` packages to use, the newest first.
 
-    The package is looked for in the directory ``$BUCKETPOOL_VLLM_SITE`` names, by default
-    `DEFAULT_SITE` (a ``pip install --no-deps --target`` directory), and then on
-    ``sys.path``.  That directory is not put on ``sys.path``: only the stand-in's bare
-    packages reach it, so the rest of the process sees no vLLM.  Finding the package runs
-    none of its code, so a wheel installed without its dependencies is found too.
+    ``$BUCKETPOOL_VLLM_SITE`` names them, separated by `os.pathsep`.  Unset: `DEFAULT_SITE`
+    (a ``pip install --no-deps --target`` directory) and each ``.vllm/VERSION/site`` beside
+    it that holds a ``vllm`` package (``.ci/setup`` puts there the modules of an older vLLM
+    that the stand-in loads, from its sdist), newest first; without any, the directory of
+    an importable ``vllm``.  No directory is put on ``sys.path``: only the stand-in's bare
+    packages reach into it, so the rest of the process sees no vLLM.  Finding a package
+    runs none of its code, so a wheel installed without its dependencies is found too.
 
     Raises:
-        RuntimeError: ``$BUCKETPOOL_VLLM_SITE`` is set but holds no ``vllm`` package (a set
-            variable means the tests must run, so they fail rather than skip).
+        RuntimeError: a directory ``$BUCKETPOOL_VLLM_SITE`` names holds no ``vllm`` package
+            (a set variable means the tests must run, so they fail rather than skip).
     """
     named = os.environ.get(SITE_VARIABLE, "")
-    spec = importlib.machinery.PathFinder.find_spec("vllm", [named or str(DEFAULT_SITE)])
+    if named:
+        sites = [Path(each) for each in named.split(os.pathsep) if each]
+        for site in sites:
+            if _package(site) is None:
+                raise RuntimeError(f"{SITE_VARIABLE}={named!r}: {site} holds no vllm package")
+        return sites
+    older = sorted(DEFAULT_SITE.parent.glob("*/site"), key=_release, reverse=True)
+    found = [site for site in (DEFAULT_SITE, *older) if _package(site) is not None]
+    if found:
+        return found
+    spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        if named:
-            raise RuntimeError(f"{SITE_VARIABLE}={named!r} holds no vllm package")
-        spec = importlib.util.find_spec("vllm")
-        if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(next(iter(spec.submodule_search_locations))).parent]
+
+
+def vllm_locations(site: Path | None = None) -> list[str] | None:
+    """Return the directories of the ``vllm`` package in *site*, or None without one.
+
+    *site* defaults to the first of `vllm_sites` (the newest vLLM).
+
+    Raises:
+        RuntimeError: as `vllm_sites`.
+    """
+    if site is None:
+        sites = vllm_sites()
+        if not sites:
             return None
+        site = sites[0]
+    return _package(site)
+
+
+def vllm_version(site: Path) -> str:
+    """The version of the vLLM in *site*: its wheel's ``dist-info``, else the directory's.
+
+    ``.ci/setup``'s older vLLMs are in ``.vllm/VERSION/site``, with no ``dist-info``.
+    """
+    for info in site.glob("vllm-*.dist-info"):
+        return info.name.removeprefix("vllm-").removesuffix(".dist-info")
+    return site.parent.name if site.name == "site" else site.name
+
+
+def _package(site: Path) -> list[str] | None:
+    spec = importlib.machinery.PathFinder.find_spec("vllm", [str(site)])
+    if spec is None or not spec.submodule_search_locations:
+        return None
     return list(spec.submodule_search_locations)
+
+
+def _release(site: Path) -> tuple[int, ...]:
+    """``.vllm/0.33.0/site``'s release, (0, 33, 0), for sorting (a stray name sorts last)."""
+    parts = site.parent.name.split(".")
+    return tuple(int(part) for part in parts) if all(p.isdigit() for p in parts) else ()
 
 
 def device() -> HostDevice:
@@ -218,7 +269,9 @@ class HostPlatform:
     """``vllm.platforms.current_platform`` for a host that plays the accelerator.
 
     Args:
-        cuda: what ``is_cuda()`` answers (vLLM's byte tests run only where it is true).
+        cuda: what ``is_cuda()`` and ``is_cuda_alike()`` answer (vLLM's byte tests run only
+            where one is true; its stall tests, which need ``torch.cuda._sleep``, are skipped
+            by ``tests/vllm_plugin.py``).
         xpu: what ``is_xpu()`` answers (vLLM's pool then makes uint64 descriptors).
     """
 
@@ -234,7 +287,7 @@ class HostPlatform:
         return self._cuda
 
     def is_cuda_alike(self) -> bool:
-        return False  # vLLM's stall tests need torch.cuda._sleep
+        return self._cuda
 
     def is_rocm(self) -> bool:
         return False
@@ -288,11 +341,17 @@ def _bare(name: str, locations: list[str]) -> types.ModuleType:
 
 
 def _version(locations: list[str]) -> str:
-    """The wheel's version, which ``vllm/__init__`` sets first (``vllm/version.py``: "dev")."""
+    """The version ``vllm/__init__`` sets: the wheel's, else its sdist's, else "dev".
+
+    Modules from an sdist (``.ci/vllm_sdist.py``) carry its name in a ``SDIST`` stamp.
+    """
     for place in locations:
         path = Path(place, "_version.py")  # generated when the wheel was built
         if path.is_file():
             return str(runpy.run_path(str(path))["__version__"])
+        stamp = Path(place, "SDIST")  # vllm-VERSION.tar.gz
+        if stamp.is_file():
+            return stamp.read_text().strip().removeprefix("vllm-").removesuffix(".tar.gz")
     return "dev"
 
 
@@ -352,6 +411,13 @@ def device_tensor(blocks: int, page_bytes: int) -> torch.Tensor:
     return host.as_subclass(FakeDeviceTensor)
 
 
+class _CudaRTLibrary:
+    """vLLM 0.34's ``CudaRTLibrary``: a failed copy leaves no device error to clear here."""
+
+    def cudaGetLastError(self) -> int:
+        return 0
+
+
 def _set_random_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -370,10 +436,11 @@ def install_kv_standin(
     """Put the EC stand-in and the KV-offload worker's stubs in place; return the device.
 
     The real modules then loaded are ``gpu_worker``, ``base``, ``config``, ``common``,
-    ``shared_offload_region`` and vLLM's ``math_utils``; no Triton (copies go to
-    ``vllm._custom_ops.swap_blocks_batch``), no host registration, no pinning, no check of
-    ``/dev/shm``.  With *device_tensors*, every ``CanonicalKVCacheTensor`` made holds a
-    `FakeDeviceTensor` (vLLM's own tests make their "device" tensors on ``cpu:0`` here).
+    ``shared_offload_region``, vLLM's ``math_utils`` and (from vLLM 0.34) ``pointer_utils``;
+    no Triton (copies go to ``vllm._custom_ops.swap_blocks_batch``), no host registration,
+    no pinning, no check of ``/dev/shm``, no device error to clear after a failed copy.
+    With *device_tensors*, every ``CanonicalKVCacheTensor`` made holds a `FakeDeviceTensor`
+    (vLLM's own tests make their "device" tensors on ``cpu:0`` here).
     """
     host = install_standin(patches, locations, eager=eager, cuda=cuda, xpu=xpu)
     stubs: dict[str, dict[str, object]] = {
@@ -384,10 +451,11 @@ def install_kv_standin(
             "host_register": lambda address, size: False,
             "host_unregister": lambda address: None,
         },
-        "vllm.distributed.device_communicators": {},
+        "vllm.distributed.device_communicators": {"__path__": []},  # a package
         "vllm.distributed.device_communicators.shm_broadcast": {
             "check_shm_free_space": lambda *args, **kwargs: None
         },
+        "vllm.distributed.device_communicators.cuda_wrapper": {"CudaRTLibrary": _CudaRTLibrary},
         "vllm.v1.kv_offload.cpu.swap_blocks_triton": {
             "THRESHOLD_BYTES": 1 << 20,
             "swap_blocks_batch": swap_blocks_batch,

@@ -26,6 +26,7 @@ __all__ = ["install", "probe", "uninstall"]
 _NAME = "_new_descriptor_buffers"
 _HANDLE = "_bucketpool_handle"  # on each tensor handed out: a `_Hold` of the hand-out
 _HANDLER = ("__init__", "transfer_async", "get_finished", "shutdown")  # a handler's methods
+_FIELDS = ("batch_src", "batch_dst", "batch_sizes")  # a transfer's triple
 _Triple = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _swaps: list[tuple[object, str, object, object]] = []  # (owner, name, original, replacement)
 _pools: dict[tuple[torch.dtype, bool], BucketPool] = {}
@@ -98,29 +99,58 @@ def _wrap_transfer(original: Callable[..., bool]) -> Callable[..., bool]:
     return transfer_async
 
 
+def _wrap_finished(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def get_finished(self: Any, *args: object, **kwargs: object) -> Any:
+        queued = tuple(self._transfers) if getattr(self, "_transfers", None) else ()
+        try:
+            results = original(self, *args, **kwargs)
+        except BaseException:
+            _release_dropped(self, queued)  # what it dropped before it raised
+            raise
+        if queued and not all(getattr(each, "success", True) for each in results or ()):
+            _release_dropped(self, queued)  # vLLM 0.34 drops a failed transfer's triple
+        return results
+
+    return get_finished
+
+
 def _wrap_shutdown(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def shutdown(self: Any, *args: object, **kwargs: object) -> object:
-        transfers = list(getattr(self, "_transfers", ()))
-        kept = [(triple, None) for triple in getattr(self, "_buffer_pool", ())]  # plain list
+        transfers = tuple(getattr(self, "_transfers", ()))
+        kept = list(getattr(self, "_buffer_pool", ()))  # a plain list's triples
         try:
             return original(self, *args, **kwargs)
         finally:  # not what vLLM still queues; after a failed sync, parked on the end event
-            left = {id(transfer) for transfer in getattr(self, "_transfers", ())}
-            done = [t for t in transfers if id(t) not in left]
-            fields = ("batch_src", "batch_dst", "batch_sizes")  # (some copies keep none)
-            given = [
-                ([getattr(t, f, None) for f in fields], getattr(t, "end_event", None)) for t in done
-            ]
-            for triple, event in kept + given:
-                with contextlib.suppress(Exception):  # a lost device's query(): parked
-                    handle = _holder(triple)
-                    if handle is not None and not handle.released:
-                        if event is not None:
-                            handle.record_event(event)
-                        handle.release()
+            _release_dropped(self, transfers, kept)
 
     return shutdown
+
+
+def _release_dropped(
+    handler: Any, transfers: Sequence[object], kept: Iterable[object] = ()
+) -> None:
+    """Release the triples *handler* dropped of *transfers*', parked on their end events.
+
+    Dropped: no longer queued, nor appended to a plain list (a triple there stays vLLM's).
+    A copy may still read one, so it comes back once its event is done (never, where the
+    device stopped answering).  Each of *kept* comes back as it is.
+    """
+    queued = {id(each) for each in getattr(handler, "_transfers", ())}
+    listed = {id(triple[0]) for triple in getattr(handler, "_buffer_pool", ()) if triple}
+    parting: list[tuple[Any, Any]] = [(triple, None) for triple in kept]
+    for each in transfers:
+        triple = [getattr(each, field, None) for field in _FIELDS]  # (some copies keep none)
+        if id(each) not in queued and id(triple[0]) not in listed:
+            parting.append((triple, getattr(each, "end_event", None)))
+    for triple, event in parting:
+        with contextlib.suppress(Exception):  # a lost device's query(): parked
+            handle = _holder(triple)
+            if handle is not None and not handle.released:
+                if event is not None:
+                    handle.record_event(event)
+                handle.release()
 
 
 def probe(make: Callable[[], Sequence[torch.Tensor]], where: str) -> tuple[torch.dtype, bool]:
@@ -170,7 +200,9 @@ def install(modules: Iterable[ModuleType]) -> None:
             methods = vars(each) if mine else {}
             if all(m in methods for m in _HANDLER) and id(methods["shutdown"]) not in ours:
                 transfer, shutdown = methods["transfer_async"], methods["shutdown"]
+                finished = methods["get_finished"]
                 swaps += [(each, "transfer_async", transfer, _wrap_transfer(transfer))]
+                swaps += [(each, "get_finished", finished, _wrap_finished(finished))]
                 swaps += [(each, "shutdown", shutdown, _wrap_shutdown(shutdown))]
     for owner, attribute, _, new in swaps:
         setattr(owner, attribute, new)

@@ -1,11 +1,14 @@
 """The host stand-in for vLLM's workers (`bench._vllm_host`), for tests: skipped without vLLM.
 
-Used by the tests against vLLM when a wheel can be found (installed with ``--no-deps`` into
-``.vllm/site`` or ``$BUCKETPOOL_VLLM_SITE``, or importable; see `vllm_locations`).  Each
-test puts the stand-in in place through its ``monkeypatch``, which undoes it.
+Used by the tests against vLLM, once for each vLLM found (`vllm_sites`: the newest's wheel
+in ``.vllm/site``, an older one's modules in ``.vllm/VERSION/site``, or the directories
+``$BUCKETPOOL_VLLM_SITE`` names, or an importable one).  Each test puts the stand-in in
+place through its ``monkeypatch``, which undoes it.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +26,8 @@ from bench._vllm_host import (
     device_tensor,
     swap_blocks_batch,
     vllm_locations,
+    vllm_sites,
+    vllm_version,
 )
 
 __all__ = [
@@ -38,23 +43,47 @@ __all__ = [
     "device_tensor",
     "install_kv_standin",
     "install_standin",
+    "site_params",
     "swap_blocks_batch",
     "vllm_locations",
+    "vllm_sites",
+    "vllm_version",
 ]
 
+_NONE = "no vLLM: run .ci/setup (see docs/development.md)"
 
-def _locations() -> list[str]:
-    locations = vllm_locations()
+
+def site_params() -> list[object]:
+    """One ``pytest.param`` per vLLM to test (`vllm_sites`), named ``vllm-VERSION``.
+
+    Without any, one that skips.
+    """
+    sites = vllm_sites()
+    if not sites:
+        return [pytest.param(None, id="no-vllm", marks=pytest.mark.skip(reason=_NONE))]
+    return [pytest.param(site, id=f"vllm-{vllm_version(site)}") for site in sites]
+
+
+def _locations(site: Path | None) -> list[str]:
+    locations = vllm_locations(site)
     if locations is None:
-        pytest.skip("no vLLM: run .ci/setup (see docs/development.md)")
+        pytest.skip(_NONE)
     return locations
 
 
 def install_standin(
-    monkeypatch: pytest.MonkeyPatch, *, eager: bool, cuda: bool = False, xpu: bool = False
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    eager: bool,
+    cuda: bool = False,
+    xpu: bool = False,
+    site: Path | None = None,
 ) -> HostDevice:
-    """`bench._vllm_host.install_standin` for one test; skipped without vLLM."""
-    return _vllm_host.install_standin(monkeypatch, _locations(), eager=eager, cuda=cuda, xpu=xpu)
+    """`bench._vllm_host.install_standin` for one test, over the vLLM in *site* (the newest
+    by default); skipped without vLLM."""
+    return _vllm_host.install_standin(
+        monkeypatch, _locations(site), eager=eager, cuda=cuda, xpu=xpu
+    )
 
 
 def install_kv_standin(
@@ -64,8 +93,15 @@ def install_kv_standin(
     cuda: bool = False,
     xpu: bool = False,
     device_tensors: bool = False,
+    site: Path | None = None,
 ) -> HostDevice:
-    """`bench._vllm_host.install_kv_standin` for one test; skipped without vLLM."""
+    """`bench._vllm_host.install_kv_standin` for one test, over the vLLM in *site* (the
+    newest by default); skipped without vLLM."""
     return _vllm_host.install_kv_standin(
-        monkeypatch, _locations(), eager=eager, cuda=cuda, xpu=xpu, device_tensors=device_tensors
+        monkeypatch,
+        _locations(site),
+        eager=eager,
+        cuda=cuda,
+        xpu=xpu,
+        device_tensors=device_tensors,
     )

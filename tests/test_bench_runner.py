@@ -65,6 +65,18 @@ def test_a_clear_verdict_stops_after_the_first_rounds() -> None:
     assert result.load == {"fake": 0.0}
 
 
+def test_cases_close_in_the_reverse_order_of_their_set_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each case undoes its patches over the state it found, as the host-step cases do with
+    vLLM's modules in ``sys.modules``: closed first to last, a case set up later put back
+    an earlier one's modules, which outlived the run (and ``import vllm`` worked after it)."""
+    closed: list[str] = []
+    cases = [FakeCase(itertools.repeat(0.5), name) for name in ("fake", "later")]
+    for case in cases:
+        monkeypatch.setattr(case, "close", lambda name=case.name: closed.append(name))
+    runner.run_benchmark(settings(), cases, specs=[SPEC])
+    assert closed == ["later", "fake"]
+
+
 def test_unsure_adds_rounds_up_to_the_limit() -> None:
     case = FakeCase(itertools.cycle([0.8, 1.2]))  # the interval straddles 1.0 for good
     lines: list[str] = []

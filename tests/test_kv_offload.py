@@ -1,9 +1,10 @@
 """``install(kv_offload=True)``: vLLM's real KV-offload handlers on bucketpool's pool.
 
-Runs where a ``vllm`` package can be found (as ``test_vllm_real.py``), over the host
-KV stand-in of ``bench/_vllm_host.py``: copies are queued and run in order only when the test
-advances the device, and each reads its descriptors when it runs, as a GPU does, so a
-buffer reused while its copy is queued changes what the copy moves.  Every trace is checked
+Runs for each ``vllm`` package found (as ``test_vllm_real.py``: 0.34.0 and 0.33.0 after
+``.ci/setup``), over the host KV stand-in of ``bench/_vllm_host.py``: copies are queued and
+run in order only when the test advances the device, and each reads its descriptors when it
+runs, as a GPU does, so a buffer reused while its copy is queued changes what the copy
+moves.  Every trace is checked
 byte for byte against a model, with vLLM's own list and with the drop-in, under
 ``torch.inference_mode()`` (vLLM's ``execute_model`` runs the transfers in it).
 """
@@ -14,12 +15,15 @@ import copy
 import functools
 import gc
 import importlib
+import logging
 import pickle
 import random
 import sys
 import types
+import typing
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import _vllm_standin as standin
@@ -31,12 +35,8 @@ import torch
 from bucketpool import BucketPool, LeakWarning, ReleaseError, _kv_offload
 from bucketpool import vllm as bucketpool_vllm
 
-pytestmark = pytest.mark.skipif(
-    standin.vllm_locations() is None,
-    reason="no vLLM: run .ci/setup, or see docs/development.md",
-)
-
 PAGES = (48, 64)  # bytes per device block of each KV tensor
+WRAPPED = ("transfer_async", "get_finished", "shutdown")  # what install wraps in a handler
 DEVICE_BLOCKS = 32
 HOST_CHUNKS = 24
 
@@ -45,15 +45,21 @@ def _vllm_names() -> set[str]:
     return {name for name in sys.modules if name.split(".")[0] in ("vllm", "vllm_ascend")}
 
 
+@pytest.fixture(params=standin.site_params())
+def vllm_site(request: pytest.FixtureRequest) -> Path:
+    """Each vLLM found, the newest first."""
+    return typing.cast("Path", request.param)
+
+
 @pytest.fixture(params=[False, True], ids=["int64", "xpu-uint64"])
 def gpu_worker(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, vllm_site: Path
 ) -> Iterator[types.ModuleType]:
     """vLLM's real ``gpu_worker`` over the stand-in; everything is undone afterwards."""
     before = _vllm_names()
     for name in ("BUCKETPOOL_CONF", "BUCKETPOOL_DEBUG"):  # the pools install makes: defaults
         monkeypatch.delenv(name, raising=False)
-    standin.install_kv_standin(monkeypatch, eager=False, xpu=request.param)
+    standin.install_kv_standin(monkeypatch, eager=False, xpu=request.param, site=vllm_site)
     try:
         yield importlib.import_module(standin.KV_WORKER)
     finally:
@@ -71,7 +77,10 @@ def base() -> Any:
 
 
 def make_worker(module: types.ModuleType, blocks_per_chunk: int = 1) -> Any:
-    """A CPUOffloadingWorker over two device tensors of different page sizes, one group."""
+    """A CPUOffloadingWorker over two device tensors of different page sizes, one group.
+
+    The caches it was made over are its ``test_caches`` (`specs` and `device_pages` read them).
+    """
     b = base()
     tensors = [
         b.CanonicalKVCacheTensor(
@@ -81,15 +90,37 @@ def make_worker(module: types.ModuleType, blocks_per_chunk: int = 1) -> Any:
     ]
     refs = [[b.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=p) for i, p in enumerate(PAGES)]]
     caches = b.CanonicalKVCaches(tensors=tensors, group_data_refs=refs)
-    return module.CPUOffloadingWorker(
+    worker = module.CPUOffloadingWorker(
         kv_caches=caches, blocks_per_chunk=blocks_per_chunk, num_cpu_chunks=HOST_CHUNKS
     )
+    worker.test_caches = caches
+    return worker
 
 
-def specs(blocks: list[int], chunks: list[int]) -> tuple[Any, Any]:
+def specs(worker: Any, blocks: list[int], chunks: list[int]) -> tuple[Any, Any]:
+    """A transfer's device side and CPU spec, as *worker*'s vLLM takes them.
+
+    Store: ``submit_store(job, *specs(...))``; load: ``submit_load(job, cpu, device)``.  The
+    device side is a ``GPULoadStoreSpec`` up to vLLM 0.33, its ``DevicePointers`` (resolved
+    by ``pointer_utils``, as vLLM's connector does) from 0.34.
+    """
     common = importlib.import_module("vllm.v1.kv_offload.cpu.common")
     gpu = base().GPULoadStoreSpec(blocks, group_sizes=(len(blocks),), block_indices=(0,))
+    if hasattr(base(), "DevicePointers"):
+        pointers = importlib.import_module("vllm.v1.kv_offload.pointer_utils")
+        gpu = pointers.resolve_device_pointers(gpu, worker.test_caches)
     return gpu, common.CPULoadStoreSpec(chunks)
+
+
+def device_pages(worker: Any) -> list[torch.Tensor]:
+    """The device tensors *worker* copies from and to (`make_worker`'s)."""
+    return [each.tensor for each in worker.test_caches.tensors]
+
+
+def host_pages(worker: Any) -> list[torch.Tensor]:
+    """The host tensors *worker* copies to and from (one list per handler up to vLLM 0.33)."""
+    store = worker._store_handler
+    return list(store.cpu_tensors if hasattr(store, "cpu_tensors") else store.dst_tensors)
 
 
 def pages(tensor: torch.Tensor, page: int) -> npt.NDArray[np.uint8]:
@@ -107,9 +138,8 @@ def run_trace(module: types.ModuleType, seed: int, steps: int, blocks_per_chunk:
     rng = random.Random(seed)
     device = standin.device()
     worker = make_worker(module, blocks_per_chunk)
-    store = worker._store_handler
-    gpu = [pages(t, p) for t, p in zip(store.src_tensors, PAGES, strict=True)]
-    host = [pages(t, p) for t, p in zip(store.dst_tensors, PAGES, strict=True)]
+    gpu = [pages(t, p) for t, p in zip(device_pages(worker), PAGES, strict=True)]
+    host = [pages(t, p) for t, p in zip(host_pages(worker), PAGES, strict=True)]
     for array in (*gpu, *host):
         array[:] = np.frombuffer(rng.randbytes(array.size), np.uint8).reshape(array.shape)
     model = [[a.copy() for a in gpu], [a.copy() for a in host]]
@@ -124,7 +154,7 @@ def run_trace(module: types.ModuleType, seed: int, steps: int, blocks_per_chunk:
                     rows = [
                         c * blocks_per_chunk + i for c in chunks for i in range(blocks_per_chunk)
                     ]
-                    gpu_spec, cpu_spec = specs(blocks, chunks)
+                    gpu_spec, cpu_spec = specs(worker, blocks, chunks)
                     if rng.random() < 0.5:
                         assert worker.submit_store(job, gpu_spec, cpu_spec)
                         queued.append((1, blocks, rows))
@@ -239,7 +269,7 @@ def test_shutdown_gives_back_what_it_synchronised(gpu_worker: types.ModuleType) 
     worker = make_worker(gpu_worker)
     with torch.inference_mode():
         for job in range(3):
-            assert worker.submit_store(job, *specs([job], [job]))
+            assert worker.submit_store(job, *specs(worker, [job], [job]))
     pool = pool_of(gpu_worker)
     assert pool.stats().active_requests.current == 3
     with warnings.catch_warnings():
@@ -260,9 +290,9 @@ def test_a_failed_synchronize_keeps_in_flight_buffers_out_of_reuse(
     handler = worker._store_handler
     with torch.inference_mode():
         for job in range(2):
-            assert handler.transfer_async(job, *specs([job], [job]))
+            assert handler.transfer_async(job, *specs(worker, [job], [job]))
     in_flight = {transfer.batch_src.data_ptr() for transfer in handler._transfers}
-    kept = [*handler.src_tensors, *handler.dst_tensors]  # shutdown drops them; copies write
+    kept = [*device_pages(worker), *host_pages(worker)]  # shutdown drops them; copies write
 
     def device_lost() -> None:
         raise RuntimeError("device lost")
@@ -285,6 +315,141 @@ def test_a_failed_synchronize_keeps_in_flight_buffers_out_of_reuse(
         returns.append(triple)
     assert pool.outstanding() == []
     assert pool.stats().leaks == 0
+
+
+def _copy_fails(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("copy failed")  # vLLM 0.34 catches a RuntimeError of the copy
+
+
+def _device_lost() -> bool:
+    raise RuntimeError("device lost")
+
+
+def _failing(module: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Skip before vLLM 0.34; else silence the worker's log of a failure.
+
+    vLLM logs each failure with ``logger.exception``: a record holding the traceback, whose
+    frames hold the failed transfer's triple for as long as a handler keeps the record
+    (pytest's do, to the end of the test).
+    """
+    if "failed" not in getattr(module.Transfer, "__dataclass_fields__", {}):
+        pytest.skip("this vLLM (before 0.34) has no failed transfers: an error propagates")
+    monkeypatch.setattr(logging.getLogger(module.__name__), "disabled", True)
+
+
+def test_a_failed_copy_gives_its_triple_back_when_vllm_drops_it(
+    gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.34 keeps a transfer whose copy raised until its end event is done, then drops
+    its triple: the triple comes back then, at once, and no LeakWarning names vLLM's line.
+
+    vLLM records the end event after the failed copy, on the transfer's stream: it is done
+    once the copies queued before have run (and whatever part of this one was queued).
+    """
+    _failing(gpu_worker, monkeypatch)
+    bucketpool_vllm.install(kv_offload=True)
+    pool = pool_of(gpu_worker)
+    worker = make_worker(gpu_worker)
+    handler = worker._store_handler
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with torch.inference_mode():
+            assert handler.transfer_async(0, *specs(worker, [0], [0]))  # queued, not run
+            copy, handler._swap_blocks_batch = handler._swap_blocks_batch, _copy_fails
+            assert handler.transfer_async(1, *specs(worker, [1], [1]))  # failed, logged
+            handler._swap_blocks_batch = copy
+        assert [transfer.failed for transfer in handler._transfers] == [False, True]
+        failed = handler._transfers[1].batch_src.data_ptr()
+        assert handler.get_finished() == []  # its end event waits for copy 0
+        assert len(pool.outstanding()) == 2  # vLLM holds it: not reusable
+        standin.device().drain()
+        assert [(r.job_id, r.success) for r in handler.get_finished()] == [(0, True), (1, False)]
+        gc.collect()
+        stats = pool.stats()
+        assert (stats.active_requests.current, stats.parked) == (0, 0)  # back at once
+        again = [gpu_worker._new_descriptor_buffers(1) for _ in range(2)]
+        assert failed in {triple[0].data_ptr() for triple in again}  # reused
+        returns = _kv_offload._Returns()
+        for triple in again:
+            returns.append(triple)
+        worker.shutdown()
+    assert _leaks(record) == []
+    assert pool.stats().leaks == 0
+    assert pool.outstanding() == []
+
+
+def test_a_dropped_triple_comes_back_when_get_finished_raises_after(
+    gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error vLLM lets out of ``get_finished`` (one not a RuntimeError) loses the results
+    of the transfers it dropped before: their triples come back all the same."""
+    _failing(gpu_worker, monkeypatch)
+    bucketpool_vllm.install(kv_offload=True)
+    pool = pool_of(gpu_worker)
+    worker = make_worker(gpu_worker)
+    handler = worker._store_handler
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with torch.inference_mode():
+            copy, handler._swap_blocks_batch = handler._swap_blocks_batch, _copy_fails
+            assert handler.transfer_async(0, *specs(worker, [0], [0]))  # failed
+            handler._swap_blocks_batch = copy
+            assert handler.transfer_async(1, *specs(worker, [1], [1]))
+        standin.device().drain()
+        event = handler._transfers[1].end_event
+        event.query = types.MethodType(lambda self: self.missing, event)  # AttributeError
+        with pytest.raises(AttributeError):
+            handler.get_finished()  # dropped the failed transfer, then raised
+        gc.collect()
+        assert len(pool.outstanding()) == 1  # the second, still queued
+        assert pool.stats().parked == 0
+        del event.query
+        assert [(r.job_id, r.success) for r in handler.get_finished()] == [(1, True)]
+        worker.shutdown()
+    assert _leaks(record) == []
+    assert pool.stats().leaks == 0
+    assert pool.outstanding() == []
+
+
+def test_a_failed_poll_parks_its_triple_on_the_end_event(
+    gpu_worker: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.34 drops the triple of a transfer whose end event raised when polled, with its
+    copy perhaps still queued: the triple comes back parked on that event, and no
+    LeakWarning names vLLM's line.  The copy runs with its own descriptors."""
+    _failing(gpu_worker, monkeypatch)
+    bucketpool_vllm.install(kv_offload=True)
+    pool = pool_of(gpu_worker)
+    worker = make_worker(gpu_worker)
+    handler = worker._store_handler
+    gpu, host = (pages(each[0], PAGES[0]) for each in (device_pages(worker), host_pages(worker)))
+    gpu[0] = np.arange(PAGES[0], dtype=np.uint8)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with torch.inference_mode():
+            assert handler.transfer_async(0, *specs(worker, [0], [0]))  # queued, not run
+        parked = handler._transfers[0].batch_src.data_ptr()
+        event = handler._transfers[0].end_event
+        event.query = _device_lost
+        assert [(r.job_id, r.success) for r in handler.get_finished()] == [(0, False)]
+        assert not handler._transfers
+        gc.collect()
+        del event.query  # the device answers again: the copy is still queued
+        assert pool.stats().parked == 1
+        assert pool.outstanding() == []  # released, parked
+        other = gpu_worker._new_descriptor_buffers(1)
+        assert other[0].data_ptr() != parked  # not reusable while the copy may read it
+        other[0].fill_(-1)  # (had it been the parked buffer: the copy's source gone wrong)
+        standin.device().drain()  # the copy runs, reading its own descriptors
+        np.testing.assert_array_equal(host[0], gpu[0])
+        assert pool.collect() == 1  # retired once its end event is done
+        returns = _kv_offload._Returns()
+        returns.append(other)
+        worker.shutdown()
+    assert _leaks(record) == []
+    assert pool.stats().leaks == 0
+    assert pool.stats().parked == 0
+    assert pool.outstanding() == []
 
 
 def test_shutdown_keeps_vllms_outcome_over_a_bad_triple(gpu_worker: types.ModuleType) -> None:
@@ -361,7 +526,7 @@ def test_vllms_own_lists_keep_working(gpu_worker: types.ModuleType) -> None:
     """A handler made before install keeps its own triple, and a triple made after uninstall."""
     early = make_worker(gpu_worker)
     with torch.inference_mode():
-        assert early.submit_store(0, *specs([0], [0]))
+        assert early.submit_store(0, *specs(early, [0], [0]))
     standin.device().drain()
     assert [r.job_id for r in early.get_finished()] == [0]
     own = early._store_handler._buffer_pool[0]  # vLLM's, in vLLM's plain list
@@ -372,7 +537,7 @@ def test_vllms_own_lists_keep_working(gpu_worker: types.ModuleType) -> None:
         warnings.simplefilter("error", LeakWarning)
         with torch.inference_mode():
             for job, worker in enumerate((early, late), 1):
-                assert worker.submit_store(job, *specs([job], [job]))
+                assert worker.submit_store(job, *specs(worker, [job], [job]))
         standin.device().drain()
         assert [r.job_id for r in (*early.get_finished(), *late.get_finished())] == [1, 2]
         assert [t[0] is own[0] for t in early._store_handler._buffer_pool] == [True]  # reused
@@ -380,7 +545,7 @@ def test_vllms_own_lists_keep_working(gpu_worker: types.ModuleType) -> None:
         early.shutdown()
         bucketpool_vllm.uninstall()
         with torch.inference_mode():
-            assert late.submit_store(3, *specs([3], [3]))  # vLLM's own buffers again
+            assert late.submit_store(3, *specs(late, [3], [3]))  # vLLM's own buffers again
         standin.device().drain()
         late.get_finished()
         assert len(late._store_handler._buffer_pool) == 1  # kept, as vLLM's list would
@@ -404,11 +569,11 @@ def test_a_handler_made_before_install_reports_no_leak_when_it_grows(
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         with torch.inference_mode():
-            assert early.submit_store(0, *specs([0], [0]))  # 2 ops: a bucket of 16
+            assert early.submit_store(0, *specs(early, [0], [0]))  # 2 ops: a bucket of 16
             device.drain()
             assert [result.job_id for result in early.get_finished()] == [0]
             blocks = list(range(12))  # 24 ops: vLLM drops the 16 it pops, asks for 24
-            assert early.submit_store(1, *specs(blocks, blocks))
+            assert early.submit_store(1, *specs(early, blocks, blocks))
             device.drain()
             assert [result.job_id for result in early.get_finished()] == [1]
         early.shutdown()
@@ -443,7 +608,7 @@ def test_install_rebinds_and_wraps_in_vllm_ascend(gpu_worker: types.ModuleType) 
 
     handler = _handler_class(own.__name__)
     vars(own).update(_new_descriptor_buffers=own_factory, Handler=handler)
-    originals = (vars(handler)["transfer_async"], vars(handler)["shutdown"])
+    originals = [vars(handler)[name] for name in WRAPPED]
     sys.modules[imported.__name__] = imported
     bucketpool_vllm.install(kv_offload=True)
     assert isinstance(imported._new_descriptor_buffers, functools.partial)
@@ -464,23 +629,23 @@ def test_install_rebinds_and_wraps_in_vllm_ascend(gpu_worker: types.ModuleType) 
     bucketpool_vllm.uninstall()
     assert imported._new_descriptor_buffers is gpu_worker._new_descriptor_buffers
     assert own._new_descriptor_buffers is own_factory
-    assert (vars(handler)["transfer_async"], vars(handler)["shutdown"]) == originals
+    assert [vars(handler)[name] for name in WRAPPED] == originals
 
 
 def test_uninstall_restores_vllm(gpu_worker: types.ModuleType) -> None:
     cls = gpu_worker.SingleDirectionOffloadingHandler
-    transfer = "transfer_async"
-    originals = (gpu_worker._new_descriptor_buffers, vars(cls)[transfer], vars(cls)["shutdown"])
+    methods = [vars(cls)[name] for name in WRAPPED]
+    factory = gpu_worker._new_descriptor_buffers
     bucketpool_vllm.install()  # without kv_offload: the KV worker is untouched
-    assert gpu_worker._new_descriptor_buffers is originals[0]
+    assert gpu_worker._new_descriptor_buffers is factory
+    assert [vars(cls)[name] for name in WRAPPED] == methods
     bucketpool_vllm.install(kv_offload=True)
     bucketpool_vllm.install(kv_offload=True)  # again: nothing more
-    assert len(_kv_offload._swaps) == 3
-    assert vars(cls)[transfer] is not originals[1]
+    assert len(_kv_offload._swaps) == 1 + len(WRAPPED)
+    assert not {id(vars(cls)[name]) for name in WRAPPED} & {id(each) for each in methods}
     bucketpool_vllm.uninstall()
-    assert (gpu_worker._new_descriptor_buffers, vars(cls)[transfer], vars(cls)["shutdown"]) == (
-        originals
-    )
+    assert gpu_worker._new_descriptor_buffers is factory
+    assert [vars(cls)[name] for name in WRAPPED] == methods
     assert not bucketpool_vllm.installed()
     assert not _kv_offload._pools
 

@@ -28,21 +28,18 @@ import torch
 from bucketpool import DebugLevel, InFlightReleaseWarning, ReleaseError, _copies
 from bucketpool import vllm as bucketpool_vllm
 
-pytestmark = pytest.mark.skipif(
-    standin.vllm_locations() is None,
-    reason="no vLLM: run .ci/setup, or see docs/development.md",
-)
-
 
 def _vllm_names() -> set[str]:
     return {name for name in sys.modules if name.split(".")[0] in ("vllm", "vllm_ascend")}
 
 
-@pytest.fixture
-def standin_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """vLLM over the stand-in (EC and KV workers); everything is undone afterwards."""
+@pytest.fixture(params=standin.site_params())
+def standin_vllm(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[pytest.MonkeyPatch]:
+    """Each vLLM over the stand-in (EC and KV workers); everything is undone afterwards."""
     before = _vllm_names()
-    standin.install_kv_standin(monkeypatch, eager=False)
+    standin.install_kv_standin(monkeypatch, eager=False, site=request.param)
     try:
         yield monkeypatch
     finally:

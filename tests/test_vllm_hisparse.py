@@ -1,13 +1,14 @@
 """vLLM's HiSparse spill, filled through a pool: interleaved fills and an event per batch.
 
-vLLM 0.33.0's ``HiSparseConnectorWorker._enqueue_transfers`` lays one descriptor per transfer
-and layer out interleaved (entry ``transfer * num_layers + layer``), writing each layer's
-column with ``descriptors.src_np[slice(layer, count, num_layers)] = ...``, and keeps
-``(event, descriptors)`` pairs in a list it polls by hand.  Here the real method (loaded from
-the wheel, its imports stood in for: it runs no other vLLM code) fills vLLM's own
-descriptors, and the same spill is filled through ``bufs.add_copies(layer, ..., step=
-num_layers)``; every entry must agree.  ``bufs.record_event`` replaces the hand-kept list.
-Skipped where no vLLM with a HiSparse worker can be found (see ``_vllm_standin``).
+vLLM's ``HiSparseConnectorWorker._enqueue_transfers`` (0.33.0's and 0.34.0's alike) lays one
+descriptor per transfer and layer out interleaved (entry ``transfer * num_layers + layer``),
+writing each layer's column with ``descriptors.src_np[slice(layer, count, num_layers)] =
+...``, and keeps ``(event, descriptors)`` pairs in a list it polls by hand.  Here the real
+method (loaded from the wheel, its imports stood in for: it runs no other vLLM code) fills
+vLLM's own descriptors, and the same spill is filled through ``bufs.add_copies(layer, ...,
+step=num_layers)``; every entry must agree.  ``bufs.record_event`` replaces the hand-kept
+list.  It runs for each vLLM found (see ``_vllm_standin``); skipped where none has a
+HiSparse worker.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ IMPORTS = (
     "vllm.utils.gpu_sync_debug",
     "vllm.utils.torch_utils",
     "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.hisparse.backend",
+    "vllm.v1.hisparse.binding",
     "vllm.v1.hisparse.layout",
     "vllm.v1.hisparse.runtime",
     "vllm.v1.hisparse.types",
@@ -57,10 +60,10 @@ class _Stand(types.ModuleType):
         return type(name, (), {})
 
 
-@pytest.fixture
-def hisparse(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """vLLM's HiSparse worker module, loaded alone from the wheel (undone afterwards)."""
-    locations = standin.vllm_locations()
+@pytest.fixture(params=standin.site_params())
+def hisparse(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """vLLM's HiSparse worker module, loaded alone from each vLLM found (undone afterwards)."""
+    locations = standin.vllm_locations(request.param)
     path = Path(locations[0]) / WORKER if locations else None
     if path is None or not path.exists():
         pytest.skip("no vLLM with a HiSparse worker: run .ci/setup (docs/development.md)")

@@ -1,8 +1,9 @@
 """Integration test: vLLM's real EC CPU worker, with its own pool and with ``install()``.
 
-Runs only where a ``vllm`` package can be found: in ``.vllm/site``, where ``.ci/setup``
-installs the wheel with ``--no-deps``, or in ``$BUCKETPOOL_VLLM_SITE``, or on ``sys.path``;
-skipped otherwise (see ``_vllm_standin.vllm_locations``).
+Runs for each ``vllm`` package found (``_vllm_standin.vllm_sites``): after ``.ci/setup``,
+0.34.0's wheel (installed with ``--no-deps`` in ``.vllm/site``) and 0.33.0's modules (in
+``.vllm/0.33.0/site``), or those ``$BUCKETPOOL_VLLM_SITE`` names, or an importable one;
+skipped without any.
 The worker runs on the host stand-in of ``_vllm_standin.py``: copies are queued and run in
 order only when the test advances the device, so saves and loads stay in flight across
 steps.  Every run is checked against a model of the region, and the run after
@@ -23,9 +24,11 @@ import importlib
 import random
 import sys
 import types
+import typing
 import uuid
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import _vllm_standin as standin
@@ -37,11 +40,6 @@ import torch
 from bucketpool import compat
 from bucketpool import vllm as bucketpool_vllm
 
-pytestmark = pytest.mark.skipif(
-    standin.vllm_locations() is None,
-    reason="no vLLM: run .ci/setup, or see docs/development.md",
-)
-
 HIDDEN = 8
 DTYPE = torch.float16
 BLOCK_BYTES = HIDDEN * DTYPE.itemsize
@@ -52,13 +50,19 @@ def _vllm_names() -> set[str]:
     return {name for name in sys.modules if name == "vllm" or name.startswith("vllm.")}
 
 
+@pytest.fixture(params=standin.site_params())
+def vllm_site(request: pytest.FixtureRequest) -> Path:
+    """Each vLLM found, the newest first."""
+    return typing.cast("Path", request.param)
+
+
 @pytest.fixture(params=[False, True], ids=["int64", "xpu-uint64"])
 def worker_module(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, vllm_site: Path
 ) -> Iterator[types.ModuleType]:
     """vLLM's real worker module over the stand-in; everything is undone afterwards."""
     before = _vllm_names()
-    standin.install_standin(monkeypatch, eager=False, xpu=request.param)
+    standin.install_standin(monkeypatch, eager=False, xpu=request.param, site=vllm_site)
     try:
         yield importlib.import_module(standin.WORKER)
     finally:

@@ -1,12 +1,14 @@
 """vLLM's own worker tests pass the same with and without bucketpool's drop-in.
 
-vLLM 0.33.0's EC CPU worker tests run with vLLM's pool and after ``install()``, its
+For each vLLM tested (`_vllm_standin.vllm_sites`: 0.34.0's wheel and 0.33.0's modules after
+``.ci/setup``), its EC CPU worker tests run with vLLM's pool and after ``install()``, its
 KV-offload handler tests with vLLM's lists and after ``install(kv_offload=True)``: each run
-is a pytest of its own on the real wheel, hosted on the CPU by `vllm_plugin`; every run must
-pass (a test may skip), with the same outcome for every test.  Runs where vLLM's test files
-are (``$BUCKETPOOL_VLLM_TESTS``, by default ``.vllm/tests``, fetched by ``.ci/setup``);
-skipped otherwise, unless the variable is set (``.ci/run`` sets it): then a missing file
-fails.
+is a pytest of its own, hosted on the CPU by `vllm_plugin`; every run must pass (a test may
+skip), with the same outcome for every test.  A vLLM's test files are the ``tests``
+directory beside its site (``.vllm/tests`` beside ``.vllm/site``, ``.vllm/0.33.0/tests``
+beside ``.vllm/0.33.0/site``), fetched from its sdist by ``.ci/setup``; without them its
+runs skip, unless ``$BUCKETPOOL_VLLM_SITE`` names the site (``.ci/run`` does): then they
+fail.
 """
 
 from __future__ import annotations
@@ -28,23 +30,13 @@ FILES = {
     "v1/kv_offload/cpu/test_gpu_worker.py": "kv_offload",
 }
 
-pytestmark = pytest.mark.skipif(
-    (
-        vllm_plugin.TESTS_VARIABLE not in os.environ
-        and not (vllm_plugin.DEFAULT_TESTS / "__init__.py").is_file()
-    )
-    or standin.vllm_locations() is None,
-    reason="no vLLM test files or wheel: run .ci/setup (see docs/development.md)",
-)
 
-
-def outcomes(test_file: Path, install: str, report: Path) -> dict[str, str]:
+def outcomes(site: Path, test_file: Path, install: str, report: Path) -> dict[str, str]:
     """Run vLLM's *test_file* through `vllm_plugin`; return each test's outcome by name."""
-    locations = standin.vllm_locations()
-    assert locations is not None
     env = {
         **os.environ,
-        standin.SITE_VARIABLE: str(Path(locations[0]).parent),  # the wheel this run found
+        standin.SITE_VARIABLE: str(site),
+        vllm_plugin.TESTS_VARIABLE: str(site.parent / "tests"),
         "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
         vllm_plugin.INSTALL_VARIABLE: install,
     }
@@ -64,13 +56,16 @@ def outcomes(test_file: Path, install: str, report: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("test_file", "install"), FILES.items())
+@pytest.mark.parametrize("site", standin.site_params())
 def test_vllms_own_tests_pass_the_same_with_the_drop_in(
-    test_file: str, install: str, tmp_path: Path
+    site: Path, test_file: str, install: str, tmp_path: Path
 ) -> None:
-    path = vllm_plugin.tests_dir() / test_file
+    path = site.parent / "tests" / test_file
     if not path.is_file():
-        raise FileNotFoundError(f"{vllm_plugin.TESTS_VARIABLE}: no {path}; run .ci/setup")
-    own = outcomes(path, "", tmp_path / "own.xml")
-    installed = outcomes(path, install, tmp_path / "installed.xml")
+        if standin.SITE_VARIABLE not in os.environ:
+            pytest.skip(f"no vLLM test files beside {site}: run .ci/setup")
+        raise FileNotFoundError(f"{standin.SITE_VARIABLE}: no {path}; run .ci/setup")
+    own = outcomes(site, path, "", tmp_path / "own.xml")
+    installed = outcomes(site, path, install, tmp_path / "installed.xml")
     assert installed == own
     assert "passed" in own.values(), own
