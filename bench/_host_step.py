@@ -20,7 +20,9 @@ GPU host pays whatever its copies cost.
   log-uniform 1-512 blocks over 4 tensors, the device running copies until 1-3 are left
   in flight, then ``get_finished``).
 
-Each case also times vLLM's copy against itself, as a control (``vllm/vllm``).
+Each case also times vLLM's copy against itself, as a control (``vllm/vllm``), and the
+installed copy with vLLM's op unwrapped during its steps (``unrecorded``): the difference,
+per copy, is what recording each copy's end event costs (``record ns/copy``, issue 35).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import torch
 from bench import _vllm_host as host
 from bench._stats import Measurement, median_of, paired_ratios, relative_spread, summarize
 from bench._targets import HOST_STEP
+from bucketpool import _copies
 from bucketpool import vllm as bucketpool_vllm
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "EXTRA",
     "HOST_RESOLUTION",
     "HOST_STEP",
+    "RECORD",
     "EcStepCase",
     "KvStepCase",
     "host_step_cases",
@@ -61,6 +65,9 @@ __all__ = [
 CONTROL = "vllm/vllm"
 #: The host time ``install()`` adds to a step.
 EXTRA = "installed - vllm ns/step"
+#: What recording each copy's end event costs (issue 35): the installed step against the
+#: same with vLLM's op unwrapped, per copy.
+RECORD = "record ns/copy"
 #: The least relative half-width of the ratio's interval: step-by-step interleaving leaves
 #: less drift than rounds of passes do (`bench._stats.RESOLUTION`); the control widens it.
 HOST_RESOLUTION = 0.01
@@ -88,6 +95,8 @@ class _HostStepCase:
         self._workers: dict[str, Any] = {}
         self._devices: dict[str, host.HostDevice] = {}
         self._round = 0
+        self._ops: list[tuple[types.ModuleType, str, object, object]] = []
+        self._copies: dict[str, int] = {}
 
     def setup(self) -> None:
         """Load the module twice, install into the second, make the workers, warm up."""
@@ -103,11 +112,20 @@ class _HostStepCase:
         for loaded in _vllm_names() - stubs:  # hidden: install() sees the second copy only
             self._patches.delitem(sys.modules, loaded)
         installed = self.load(name)
+        self._workers = {"vllm": self.make(own), "control": self.make(own)}  # (unwrapped op)
         bucketpool_vllm.install(kv_offload=self._kv)
-        self._workers = {"vllm": self.make(own), "control": self.make(own)}
         self._workers["installed"] = self.make(installed)
+        self._workers["unrecorded"] = self.make(installed)
+        self._ops = [  # where the installed copy binds the op install() wrapped: unwrapped
+            (module, key, value.__wrapped__, value)  # during the unrecorded worker's steps
+            for module in installed.values()
+            for key, value in vars(module).items()
+            if _recording(value)
+        ]
+        self._unrecord(self._workers["unrecorded"])
         self._devices = {name: host.HostDevice(eager=not self._kv) for name in self._workers}
-        self.samples = {"vllm": [], "control": [], "installed": []}
+        self.samples = {name: [] for name in self._workers}
+        self._copies = dict.fromkeys(self._workers, 0)
         for _ in range(2):  # warm: every pool has what a round asks of it
             self._pass(random.Random(f"{self.name}-warm"), record=False)
         gc.collect()
@@ -140,6 +158,7 @@ class _HostStepCase:
 
     def _pass(self, rng: random.Random, record: bool) -> None:
         totals = dict.fromkeys(self._workers, 0)
+        copies = dict.fromkeys(self._workers, 0)
         names = list(self._workers)
         enabled = gc.isenabled()
         gc.disable()
@@ -152,16 +171,26 @@ class _HostStepCase:
                         worker, device = self._workers[name], self._devices[name]
                         host.use_device(device)
                         args = self.prepare(worker, plan)
+                        for module, key, plain, wrapped in self._ops:
+                            setattr(module, key, plain if name == "unrecorded" else wrapped)
+                        submitted = device.submitted
                         start = time.thread_time_ns()
                         written = self.step(worker, args)
                         totals[name] += time.thread_time_ns() - start
+                        copies[name] += device.submitted - submitted
                         del written  # (the copies into it have run)
         finally:
             if enabled:
                 gc.enable()
+        for module, key, _, wrapped in self._ops:
+            setattr(module, key, wrapped)
         if record:
             for name, total in totals.items():
                 self.samples[name].append(total / self._steps)
+                self._copies[name] += copies[name]
+
+    def _unrecord(self, worker: Any) -> None:
+        """Let *worker*'s copies go unrecorded where it holds the op itself (KV handlers)."""
 
     def close(self) -> None:
         """Let every copy finish and every worker give its buffers back; undo the loading."""
@@ -198,12 +227,18 @@ class _HostStepCase:
         )
         resolution = max(HOST_RESOLUTION, abs(control.value - 1))
         extra = [ours - theirs for ours, theirs in zip(samples["installed"], own, strict=True)]
+        per_step = self._copies["installed"] / (len(own) * self._steps)  # copies a step
+        recording = [
+            (ours - plain) / per_step
+            for ours, plain in zip(samples["installed"], samples["unrecorded"], strict=True)
+        ]
         return {
             HOST_STEP: summarize(
                 paired_ratios(samples["installed"], own), "x", spread=spread, resolution=resolution
             ),
             CONTROL: control,
             EXTRA: summarize(extra, "ns", spread=spread, resolution=0),
+            RECORD: summarize(recording, "ns", spread=spread, resolution=0),
             **{f"{name} ns/step": median_of(values) for name, values in samples.items()},
         }
 
@@ -366,6 +401,19 @@ class KvStepCase(_HostStepCase):
         """Report what finished, then shut down."""
         worker[0].get_finished()
         worker[0].shutdown()
+
+    def _unrecord(self, worker: Any) -> None:
+        """Give the handlers the op as vLLM's: each took the wrapped one when it was made."""
+        for handler in vars(worker[0]).values():
+            op = getattr(handler, "_swap_blocks_batch", None)
+            if _recording(op):
+                handler._swap_blocks_batch = op.__wrapped__  # type: ignore[union-attr]
+
+
+def _recording(value: object) -> bool:
+    """Whether *value* is an op `bucketpool._copies.recording` wrapped (it has its code)."""
+    code = getattr(value, "__code__", None)
+    return code is not None and code.co_filename == _copies.__file__
 
 
 def _resolved(
