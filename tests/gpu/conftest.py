@@ -15,6 +15,8 @@ _FIELDS = (
     "corruption without event",
     "bytes correct with event",
     "host step bucketpool/original",
+    "early release parked",
+    "record per copy",
 )
 _CALIBRATION_CYCLES = 50_000_000  # about 25 ms at 2 GHz
 
