@@ -274,7 +274,7 @@ class Ledger:
                 problem, poison = checked
                 if token > 0 and buffer.own_views:  # the hand-out's own views end
                     buffer.views, buffer.version = {}, -1  # (the next one puts it back first)
-                    buffer.ended += (buffer.handed,)  # (strict) its arrays, read-only as it ends
+                    buffer.ended = [*buffer.ended, buffer.handed]  # (strict) a new list
                     buffer.handed = []
                 if poison is not None:  # a stale batched copy moves nothing
                     poison[: buffer.n] = 0
@@ -361,6 +361,12 @@ class Ledger:
                 return DROPPED
             self.old += (record,)
             return record
+
+    def forget_ended(self, buffer: Buffer, ended: list[Any]) -> None:
+        """(strict) Forget *ended*, made read-only, unless a hand-out ended since it was read."""
+        with LOCK:
+            if buffer.ended is ended:  # (the moves never change a list: they make a new one)
+                buffer.ended = []
 
     def parked_records(self) -> tuple[list[Parking], list[Parking], int]:
         with LOCK:
