@@ -25,7 +25,7 @@ AS_RECORDED: Final = "as recorded"  # a release queued in a move: parks on every
 DROPPED: Final = "dropped"  # `young_front`/`old_front` dropped or moved a record: ask again
 #: An inbox entry: buffer, token (< 0: parked), pending events (or a marker), views' bytes.
 Entry = tuple[Buffer, int, "list[Any] | str | None", int]
-Parking = list[Any]  # one parking: ``[buffer, events, tick]``, spent once its buffer is None
+Parking = list[Any]  # one parking: ``[buffer, events, tick, raised]``; spent: buffer None
 Leak = tuple[int, object, int, object]  # n, the acquire's code, lasti (~: an adapter's), site
 TOTALS = (  # the ledger's totals, in the order `Ledger.snapshot` copies them
     *("active", "active_peak", "active_bytes", "active_bytes_peak", "allocations"),
@@ -157,6 +157,7 @@ class Ledger:
         pending: list[CompletionEvent] | None,
         cost: int,
         seen: int,
+        raised: bool = False,
     ) -> bool | None:
         """Held -> cached or parked; None: an event was recorded since *seen*; False: `settle`'s."""
         bucket = buffer.bucket
@@ -179,7 +180,7 @@ class Ledger:
             self.view_bytes += cost
             if pending:
                 buffer.token, buffer.events = -token, pending
-                self.young += ([buffer, pending, self.tick],)
+                self.young += ([buffer, pending, self.tick, raised],)
                 self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
@@ -191,7 +192,12 @@ class Ledger:
             return True
 
     def settle(
-        self, bucket: Bucket, force: bool = False, entry: Entry | None = None, seen: int = -1
+        self,
+        bucket: Bucket,
+        force: bool = False,
+        entry: Entry | None = None,
+        seen: int = -1,
+        raised: bool = False,
     ) -> tuple[Buffer | None, str, Leak | None, str | None]:
         """Take back *entry*, else *bucket*'s oldest queued: park, cache or free it."""
         k = bucket.index
@@ -247,7 +253,7 @@ class Ledger:
                 self.parked_views -= buffer.view_bytes
             if events:
                 buffer.token, buffer.events = -token, events
-                self.young += ([buffer, events, self.tick],)
+                self.young += ([buffer, events, self.tick, raised],)
                 self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
@@ -367,6 +373,14 @@ class Ledger:
         with LOCK:
             if buffer.ended is ended:  # (the moves never change a list: they make a new one)
                 buffer.ended = []
+
+    def report(self, record: Parking) -> bool:
+        """Note that an error of *record*'s events reached a caller (raised); False: one had."""
+        with LOCK:
+            if record[0] is None or record[3]:
+                return False
+            record[3] = True
+            return True
 
     def parked_records(self) -> tuple[list[Parking], list[Parking], int]:
         with LOCK:

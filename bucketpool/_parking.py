@@ -2,16 +2,19 @@
 
 The queues' order is in docs/design.md ("Parking order").  Events are asked without the lock
 (``query()`` is user code); `Ledger.retire` applies the answer, once.  An error from
-``query()`` keeps the buffer parked: a poll swallows it, `sweep` returns the first one.
+``query()`` keeps the buffer parked: a poll swallows it, `sweep` returns the first one of a
+parking whose errors reached no caller yet (`Ledger.report`: each parking's, once).
 `KeyboardInterrupt` and `SystemExit` (a signal handler's) are raised at once.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bucketpool._buffer import Bucket
+from bucketpool import _debug
+from bucketpool._buffer import Bucket, Buffer
 from bucketpool._ledger import DROPPED, Ledger, Parking
 from bucketpool._views import CompletionEvent
 
@@ -117,24 +120,43 @@ def poll_old(ledger: Ledger, turns: int) -> tuple[int, bool, None, int]:
 def sweep(
     ledger: Ledger, finished: Callable[[Sequence[CompletionEvent]], bool]
 ) -> tuple[int, BaseException | None]:
-    """Ask *finished* once about each parked buffer; return how many retired, the first error."""
+    """Ask *finished* once about each parked buffer; return how many retired, and an error.
+
+    The error: the first of a parking whose events' errors reached no caller yet; now one has.
+    """
     young, old, seen = ledger.parked_records()
     retired = 0
-    first_error: BaseException | None = None
+    first: tuple[Parking, Buffer, BaseException] | None = None
     try:
         for found in (*young, *old):
+            buffer = found[0]  # read first: `retire` may spend it meanwhile
             done, error = _ask(found, finished)
-            if error is not None and first_error is None:
-                first_error = error
+            if error is not None and first is None and not found[3]:  # (`report` decides)
+                first = (found, buffer, error)
             if done and ledger.retire(found) is not None:
                 retired += 1
         young, old, seen = ledger.parked_records()  # spent ones dropped: a poll walks none
         ledger.compact(
             [r for r in young if r[0] is not None], [r for r in old if r[0] is not None], seen
         )
-        return retired, first_error
+        if first is None or not ledger.report(first[0]):
+            return retired, None
+        if sys.version_info >= (3, 11):  # (3.10 has no notes)
+            first[2].add_note(_raised_by(first[1]))
+        return retired, first[2]
     finally:
-        first_error = error = None  # no cycle through this frame (see `_ask`)
+        first = error = None  # no cycle through this frame (see `_ask`)
+
+
+def _raised_by(buffer: Buffer) -> str:
+    lasti = buffer.lasti if buffer.lasti >= 0 else ~buffer.lasti  # (~: an adapter's hand-out)
+    line = _debug.line_of(buffer.site) or _debug.code_line(buffer.code, lasti)  # type: ignore[arg-type]
+    at = "" if line is None else f", acquired at {line[0]}:{line[1]}"
+    return (
+        f"bucketpool: raised by query() of an event of a parked buffer (capacity "
+        f"{buffer.bucket.capacity}, n={buffer.n}{at}); it stays parked, out of reuse, until its "
+        "events report done, and neither collect() nor synchronize() raises this error again"
+    )
 
 
 def _ask(

@@ -227,10 +227,10 @@ class BucketPool:
             )
         handle.release()
 
-    def _take_back(self, entry: Entry, seen: int) -> bool | None:
+    def _take_back(self, entry: Entry, seen: int, raised: bool) -> bool | None:
         problems: list[str] = []
         taken = _returns.take_back(
-            self._ledger, entry[0].bucket, self._reported, problems, entry, seen
+            self._ledger, entry[0].bucket, self._reported, problems, entry, seen, raised
         )
         for problem in problems:
             _returns.warn(problem, RuntimeWarning)
@@ -265,7 +265,9 @@ class BucketPool:
         """Retire every parked buffer whose events are all done (each asked once); return how many.
 
         Raises:
-            BaseException: the first error a ``query()`` raised; that buffer stays parked.
+            BaseException: the first error a ``query()`` raised that no call raised before
+                (a note names the buffer); that buffer stays parked, and no later `collect`
+                or `synchronize` raises its error.
             InFlightWriteError: (debug levels) a retired buffer's descriptors changed in flight.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
@@ -281,7 +283,8 @@ class BucketPool:
         Raises:
             TimeoutError: events still pending at the timeout; their buffers stay parked.
             TypeError, ValueError: *timeout* is not a number of seconds >= 0.
-            BaseException: the first error an event raised; its buffer stays parked.
+            BaseException: as for `collect`; an event that raises ends the wait for its
+                buffer, which stays parked.
             InFlightWriteError: (debug levels), as for `collect`.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """

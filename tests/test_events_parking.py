@@ -426,6 +426,102 @@ def test_release_re_raises_a_base_exception_after_taking_effect() -> None:
     assert pool.stats().parked == 1
 
 
+def _park(pool: BucketPool, event: CompletionEvent, n: int = 16) -> int:
+    """Acquire *n*, record *event*, release; return the buffer's address."""
+    handle = pool.acquire(n)
+    address = handle.buffers[0].data_ptr()
+    handle.record_event(event)
+    handle.release()
+    return address
+
+
+def test_a_raising_event_is_reported_once_by_collect_naming_its_buffer() -> None:
+    pool = BucketPool()
+    failing = ScriptedEvent(False, after=DeviceError("device lost"))  # pending at release
+    address = _park(pool, failing)
+    later = FlagEvent()
+    _park(pool, later)
+    with pytest.raises(DeviceError) as raised:
+        pool.collect()
+    notes = "".join(getattr(raised.value, "__notes__", []))
+    assert "parked buffer (capacity 16, n=16, acquired at " in notes
+    assert f"{__file__}:" in notes
+    later.done = True
+    assert pool.collect() == 1  # not raised again; the others keep retiring
+    pool.synchronize()  # neither raised nor waited for: its query() raises
+    assert failing.queries >= 4  # asked each time all the same
+    assert pool.stats().parked == 1
+    with pool.acquire(16) as bufs:
+        assert bufs[0].data_ptr() != address  # out of reuse
+    failing.after = True  # the device recovered: done after all
+    assert pool.collect() == 1
+    assert pool.stats().parked == 0
+
+
+@pytest.mark.parametrize("settle", ["collect", "synchronize"])
+def test_an_error_the_release_raised_is_not_raised_again(settle: str) -> None:
+    pool = BucketPool()
+    failing = RaisingEvent(raises=-1)  # raises until finished
+    handle = pool.acquire(16)
+    address = handle.buffers[0].data_ptr()
+    handle.record_event(failing)
+    with pytest.raises(DeviceError):
+        handle.release()  # reported here, to the releaser
+    done = FlagEvent()
+    _park(pool, done)
+    done.done = True
+    getattr(pool, settle)()  # no error, no wait: the other one retires
+    getattr(pool, settle)()
+    assert pool.stats().parked == 1
+    with pool.acquire(16) as bufs:
+        assert bufs[0].data_ptr() != address
+    failing.finish()
+    getattr(pool, settle)()
+    assert pool.stats().parked == 0
+
+
+def test_synchronize_reports_a_raising_event_once_and_never_waits_for_it() -> None:
+    pool = BucketPool()
+    failing = ScriptedEvent(False, after=DeviceError("device lost"))
+    _park(pool, failing)
+    with pytest.raises(DeviceError):
+        pool.synchronize()
+    pool.synchronize(timeout=3600)  # returns: its query() raises, so it is not waited for
+    pool.synchronize()
+    assert pool.stats().parked == 1
+
+
+def test_of_two_collects_that_meet_one_raising_event_one_raises_it() -> None:
+    pool = BucketPool()
+    inner: list[BaseException | None] = []
+
+    class RaisingWhileAnotherCollects:
+        def query(self) -> bool:
+            if not armed:
+                return False
+            if not inner:  # another thread's collect, between this one's question and report
+                inner.append(None)
+                try:
+                    pool.collect()
+                except DeviceError as error:
+                    inner[0] = error
+            raise DeviceError("device lost")
+
+    armed = False
+    _park(pool, RaisingWhileAnotherCollects())
+    armed = True
+    try:
+        pool.collect()
+    except DeviceError as error:
+        outer: BaseException | None = error
+    else:
+        outer = None
+    assert len(inner) == 1  # the interleaving happened
+    assert (inner[0] is None) != (outer is None)  # reported once, by one of them
+    pool.collect()  # and never again
+    assert pool.stats().parked == 1
+
+
 # -- collect and synchronize ---------------------------------------------------------------
 
 
@@ -761,8 +857,7 @@ def test_after_a_sweep_behind_a_stuck_copy_an_acquire_walks_no_spent_record(
             handle.release()
         for event in events:
             event.done = True
-        with pytest.raises(DeviceError):  # reported; the buffers behind it retire
-            getattr(pool, settle)()
+        getattr(pool, settle)()  # (the release reported the error): those behind it retire
         assert pool.stats().parked == 1
         steps = [0]
         for name in ("retire", "young_front", "old_front", "serve"):
