@@ -6,7 +6,8 @@ h.record_event(ev)``, ``ev`` done `DELAY` steps after, against the plain step, a
 the original used by hand as vllm-ascend does (a list of (event, triple) polled before each
 acquire, three ``[:n]`` slices).  ``parked-stuck``: the evented step with N buffers of its
 own bucket stuck parked before it (a hung copy), against a clean pool; ``pool.collect()``
-runs after each pass, untimed.  ``collect``: ``pool.collect()`` per parked buffer with N
+runs after each pass, untimed; and, exact, the questions the stuck events get in the
+passes (not the collects) per 1,000 steps.  ``collect``: ``pool.collect()`` per parked buffer with N
 parked over with N / 100, every event pending (none retires) or done (all retire).
 The pools of the last two get cache room for every parked buffer.
 """
@@ -26,6 +27,7 @@ from bucketpool import BucketPool, CompletionEvent
 
 __all__ = [
     "DELAY",
+    "STUCK_ASKED",
     "AfterOps",
     "CollectCase",
     "EventedCase",
@@ -44,15 +46,27 @@ EVENTED_N = 64
 DELAY = 4
 #: ``parked-stuck`` passes are at most this long (a failing pool allocates on every step).
 STUCK_OPS = 2_500
+#: ``parked-stuck``'s exact figure: what the stuck events cost the passes' steps.
+STUCK_ASKED = "stuck events asked per 1,000 steps"
 _COLLECT_REPEATS = 10  # collects of the smaller count per round, summed into one sample
 
 
 @typing.final
 class NeverDone:
-    """An event whose copy never finishes: what it guards stays parked."""
+    """An event whose copy never finishes: what it guards stays parked.
+
+    Each ``query()`` adds one to *asked*'s ``ops``, if given.
+    """
+
+    __slots__ = ("_asked",)
+
+    def __init__(self, asked: OpClock | None = None) -> None:
+        self._asked = asked
 
     def query(self) -> bool:
         """Return `False`: the copy is still running."""
+        if self._asked is not None:
+            self._asked.ops += 1
         return False
 
 
@@ -206,11 +220,14 @@ class ParkedStuckCase(SeriesCase):
         )
         self._pools: dict[str, BucketPool] = {}
         self._warm: dict[str, int] = {}
+        self._asked = OpClock()  # questions the stuck events got
+        self._counted = [0, 0]  # of those, the timed passes' since warm-up; their steps
 
     def make(self) -> dict[str, Series]:
         """Make both pools and park the stuck buffers."""
         self._pools = {name: _roomy(EVENTED_N, self._stuck) for name in ("none stuck", "stuck")}
-        park(self._pools["stuck"], EVENTED_N, self._stuck)
+        asked = functools.partial(NeverDone, self._asked)
+        park(self._pools["stuck"], EVENTED_N, self._stuck, asked)
         return {
             name: (functools.partial(self._pass, pool, OpClock()), self._ops)
             for name, pool in self._pools.items()
@@ -220,15 +237,22 @@ class ParkedStuckCase(SeriesCase):
         """Make the pools, warm both up, note their allocations."""
         super().setup()
         self._warm = {name: memory_of(pool).allocations for name, pool in self._pools.items()}
+        self._counted = [0, 0]
 
     def _pass(self, pool: BucketPool, clock: OpClock) -> int:
+        asked = self._asked.ops
         elapsed = time_ns(functools.partial(evented_ops, pool, EVENTED_N, self._ops, clock))
+        if pool is self._pools["stuck"]:
+            self._counted[0] += self._asked.ops - asked
+            self._counted[1] += self._ops
         pool.collect()
         return elapsed
 
     def measurements(self) -> dict[str, Measurement]:
-        """Stuck / none stuck, ns per step, allocations after warm-up."""
+        """Stuck / none stuck, ns per step, allocations after warm-up, questions per step."""
         figures = super().measurements()
+        asked, steps = self._counted
+        figures[STUCK_ASKED] = exact(1_000 * asked / max(steps, 1), "count")
         for name, pool in self._pools.items():
             after = memory_of(pool).allocations - self._warm[name]
             figures[f"{name} allocations after warm-up"] = exact(after, "count")

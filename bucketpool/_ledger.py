@@ -22,10 +22,10 @@ SETTLE, EMPTY, SWEEP = 1, 2, 4
 CACHE: Final = "cache"  # the holder of a buffer `reserve` caches
 LEAK: Final = "leak"  # queued by a dropped holder's finaliser in place of its events
 AS_RECORDED: Final = "as recorded"  # a release queued in a move: parks on every event so far
-DROPPED: Final = "dropped"  # `young_front`/`old_front` dropped or moved a record: ask again
+DROPPED: Final = "dropped"  # `young_front`/`old_front` dropped or moved one, unasked: again
 #: An inbox entry: buffer, token (< 0: parked), pending events (or a marker), views' bytes.
 Entry = tuple[Buffer, int, "list[Any] | str | None", int]
-Parking = list[Any]  # one parking: ``[buffer, events, tick, raised]``; spent: buffer None
+Parking = list[Any]  # one parking: ``[buffer, events, tick, raised, turns]``; spent: no buffer
 Leak = tuple[int, object, int, object]  # n, the acquire's code, lasti (~: an adapter's), site
 TOTALS = (  # the ledger's totals, in the order `Ledger.snapshot` copies them
     *("active", "active_peak", "active_bytes", "active_bytes_peak", "allocations"),
@@ -180,7 +180,7 @@ class Ledger:
             self.view_bytes += cost
             if pending:
                 buffer.token, buffer.events = -token, pending
-                self.young += ([buffer, pending, self.tick, raised],)
+                self.young += ([buffer, pending, self.tick, raised, 0],)
                 self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
@@ -253,7 +253,7 @@ class Ledger:
                 self.parked_views -= buffer.view_bytes
             if events:
                 buffer.token, buffer.events = -token, events
-                self.young += ([buffer, events, self.tick, raised],)
+                self.young += ([buffer, events, self.tick, raised, 0],)
                 self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
@@ -356,7 +356,11 @@ class Ledger:
             return DROPPED
 
     def old_front(self) -> Parking | str | None:
-        """Move the old queue's front record to its back and return it; a spent one: `DROPPED`."""
+        """Move the old queue's front record to its back; return it if it is to be asked.
+
+        A record is asked on its 1st, 2nd, 4th, 8th... turn (a copy that keeps failing, less
+        and less often); a turn it is not, and a spent one: `DROPPED`.
+        """
         with LOCK:
             if not self.old:
                 return None
@@ -366,7 +370,8 @@ class Ledger:
             if record[0] is None:
                 return DROPPED
             self.old += (record,)
-            return record
+            record[4] = turns = record[4] + 1
+            return DROPPED if turns & (turns - 1) else record
 
     def forget_ended(self, buffer: Buffer, ended: list[Any]) -> None:
         """(strict) Forget *ended*, made read-only, unless a hand-out ended since it was read."""

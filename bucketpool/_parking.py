@@ -104,12 +104,12 @@ def poll(
 
 
 def poll_old(ledger: Ledger, turns: int) -> tuple[int, bool, None, int]:
-    """Ask up to *turns* old records, in turn; stop at the first that retires (as `poll`)."""
+    """Take *turns* old records in turn, asking the due ones; stop at the first that retires."""
     for _ in range(turns):
         turn = ledger.old_front()
         if turn is None:
             break
-        if isinstance(turn, str) or not _ask(turn, all_done)[0]:  # DROPPED, or not done
+        if isinstance(turn, str) or not _ask(turn, all_done)[0]:  # not asked, or not done
             continue
         retiring = ledger.retire(turn)
         if retiring is not None:

@@ -83,10 +83,22 @@ def test_parked_stuck_case() -> None:
         assert figures[f"{name} allocations after warm-up"].unit == "count"
         assert not figures[f"{name} allocations after warm-up"].timed
     assert figures["none stuck allocations after warm-up"].value == 0
+    assert not figures[parked.STUCK_ASKED].timed
     assert judged(case, figures) == {
         "stuck/none stuck": "promise",
         "stuck allocations after warm-up": "promise",
+        parked.STUCK_ASKED: "promise",
     }
+
+
+def test_the_stuck_events_cost_the_steps_the_same_however_many() -> None:
+    # Exact: the questions stuck events get in a timed pass, per 1,000 steps: four in each
+    # sweep (every 256 steps: 9 or 10 a pass), whether 100 or 4,000 are stuck.
+    sweeps = parked.STUCK_OPS // 256
+    for stuck in (100, 4_000):
+        figures = run_case(parked.ParkedStuckCase(ops=parked.STUCK_OPS, stuck=stuck), rounds=1)
+        asked = figures[parked.STUCK_ASKED].value * parked.STUCK_OPS / 1_000
+        assert 4 * sweeps <= asked <= 4 * (sweeps + 1), stuck
 
 
 def test_collect_case() -> None:

@@ -877,6 +877,22 @@ def test_after_a_sweep_behind_a_stuck_copy_an_acquire_walks_no_spent_record(
     assert walked[0] == walked[1] <= 2 * POLL_BUDGET + 4
 
 
+def test_a_stuck_copy_is_asked_less_and_less_often() -> None:
+    pool = BucketPool()  # the idle sweep every 256 acquires: it asks the old queue
+    stuck = [FlagEvent() for _ in range(3)]  # never complete
+    for event in stuck:
+        _park(pool, event)
+    before = [event.queries for event in stuck]
+    for _ in range(100 * 256):  # hits: only the sweeps ask, four old turns each (or eight)
+        with pool.acquire(16):
+            pass
+    turns = 2 * 100 * POLL_BUDGET // len(stuck)  # each one's turns in the old queue, at most
+    asked = [event.queries - first for event, first in zip(stuck, before, strict=True)]
+    assert min(asked) >= 2  # asked: in the old queue, on its turns
+    # On its 1st, 2nd, 4th ... turn (and by a miss and a sweep while young): was every turn.
+    assert max(asked) <= turns.bit_length() + 2
+
+
 def test_a_stuck_copy_that_completes_later_comes_back_without_collect() -> None:
     pool = BucketPool()
     stuck = FlagEvent()
