@@ -5,10 +5,16 @@ The queues' order is in docs/design.md ("Parking order").  Events are asked with
 ``query()`` keeps the buffer parked: a poll swallows it, `sweep` returns the first one of a
 parking whose errors reached no caller yet (`Ledger.report`: each parking's, once).
 `KeyboardInterrupt` and `SystemExit` (a signal handler's) are raised at once.
+
+A pool dropped while buffers are parked hands its ledger to `ORPHANS` (`adopt`): those
+buffers' memory lives on until their events report done, since a copy may still read it.
+Later pool calls ask a few of them in turn (`reap`); nothing else reaches that ledger.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,13 +24,18 @@ from bucketpool._buffer import Bucket, Buffer
 from bucketpool._ledger import DROPPED, Ledger, Parking
 from bucketpool._views import CompletionEvent
 
-__all__ = ["AGE", "POLL_BUDGET", "all_done", "poll", "poll_old", "sweep", "wait"]
+__all__ = [
+    *("AGE", "ORPHANS", "POLL_BUDGET", "adopt", "all_done", "orphaned_buffers", "poll"),
+    *("poll_old", "reap", "sweep", "wait"),
+]
 
 #: Parked buffers an acquire asks before it allocates: a bound whatever is parked.
 POLL_BUDGET = 4
 #: Hand-outs after which a record still parked moves to the old queue (a stuck copy).
 AGE = 256
 _POLL_SECONDS = 0.0005
+#: The ledgers of dropped pools whose buffers wait parked (`adopt`): appended without a lock.
+ORPHANS: collections.deque[Ledger] = collections.deque()
 
 
 def all_done(events: Sequence[CompletionEvent]) -> bool:
@@ -84,7 +95,8 @@ def poll(
             done = all(event.query() for event in events) if len(events) > 1 else events[0].query()
         except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
             raise
-        except BaseException:  # user code, and not this caller's error
+        except BaseException as error:  # user code, and not this caller's error
+            _dropped(error)
             done = False
         if done and take:
             buffer = found[0]
@@ -130,8 +142,8 @@ def sweep(
     try:
         for found in (*young, *old):
             buffer = found[0]  # read first: `retire` may spend it meanwhile
-            done, error = _ask(found, finished)
-            if error is not None and first is None and not found[3]:  # (`report` decides)
+            done, error = _ask(found, finished, first is None and not found[3])
+            if error is not None:  # the first of a parking none reached (`report` decides)
                 first = (found, buffer, error)
             if done and ledger.retire(found) is not None:
                 retired += 1
@@ -160,9 +172,12 @@ def _raised_by(buffer: Buffer) -> str:
 
 
 def _ask(
-    found: Parking, finished: Callable[[Sequence[CompletionEvent]], bool]
+    found: Parking, finished: Callable[[Sequence[CompletionEvent]], bool], keep: bool = False
 ) -> tuple[bool, BaseException | None]:
-    """Whether *finished* says *found*'s events are done (a spent record's: no), and the error."""
+    """Whether *finished* says *found*'s events are done (a spent record's: no); its error.
+
+    The error only if *keep*: else it is dropped, with its traceback (`_dropped`).
+    """
     events = found[1]  # read once: `retire` may clear it meanwhile
     if events is None:
         return False, None
@@ -171,4 +186,70 @@ def _ask(
     except (KeyboardInterrupt, SystemExit):  # a signal handler's: this thread's
         raise
     except BaseException as caught:  # user code: the error is the asker's, if anyone's
-        return False, caught
+        if keep:
+            return False, caught
+        _dropped(caught)
+        return False, None
+
+
+def _dropped(error: BaseException) -> None:
+    """Forget the traceback of *error*, an error no one is told of.
+
+    An event that keeps the error it raised (to raise it again) would keep the frames of
+    whoever asked, and all they hold: a reap's, another pool's call.
+    """
+    error.__traceback__ = None
+
+
+def adopt(ledger: Ledger) -> bool:
+    """(a dropped pool's finaliser) Keep *ledger* while buffers are parked; free the rest.
+
+    Returns whether it was kept.  Nothing else reaches a dropped pool's ledger, so it is
+    changed here without the lock: its cached buffers go, what retires is freed (caps below
+    zero), and every young record is old (taken in turn, as the tick moves no more).
+    """
+    queued = [entry for bucket in ledger.buckets for entry in bucket.inbox if entry[1] > 0]
+    events = [entry[0].events if isinstance(entry[2], str) else entry[2] for entry in queued]
+    if not ledger.parked_bytes and not [each for each in events if each]:  # none to park
+        return False
+    ledger.max_cached_bytes = ledger.max_cached_per_bucket = -1
+    ledger.tick += AGE + 1
+    ledger.registry = {buffer: None for buffer in ledger.registry if buffer.token}
+    ORPHANS.append(ledger)
+    return True
+
+
+def reap() -> Ledger | None:
+    """Ask a few parked buffers of a dropped pool, the next in turn, and return its ledger.
+
+    Its inboxes hold what retired, for the caller to free.  One with nothing parked or
+    queued left is let go.
+    """
+    try:
+        ledger = ORPHANS[0]
+    except IndexError:  # another thread let the last one go
+        return None
+    ORPHANS.rotate(-1)
+    if not ledger.parked_bytes and not [bucket for bucket in ledger.buckets if bucket.inbox]:
+        with contextlib.suppress(ValueError):  # another thread let it go
+            ORPHANS.remove(ledger)
+        return None
+    poll(ledger)
+    return ledger
+
+
+def orphaned_buffers() -> int:
+    """Return how many buffers of dropped pools wait for their events, kept (process-wide).
+
+    A pool dropped while buffers are parked keeps their memory until their events report
+    done (a copy may still read it), asked now and then by later calls of any pool (an
+    acquire's idle sweep, `collect`, `synchronize`, a new pool).  An event that never
+    completes, or whose ``query()`` keeps raising, keeps its buffer for ever: counted here.
+    Thread-safe.
+    """
+    while True:
+        try:
+            ledgers = [*ORPHANS]
+        except RuntimeError:  # another thread changed it as it was copied: again
+            continue
+        return sum(sum(ledger.snapshot()[4]) for ledger in ledgers)

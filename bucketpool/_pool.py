@@ -90,6 +90,8 @@ class BucketPool:
         self._full_stack, self._watching = s.trace, self._level > 0 or s.trace
         self._reported: set[object] = set()
         self._self_ref = weakref.ref(self)
+        if _parking.ORPHANS and not owned():  # a dropped pool's buffers wait parked
+            _reap()
 
     @property
     def settings(self) -> Settings:
@@ -104,15 +106,18 @@ class BucketPool:
         )
 
     def __del__(self) -> None:
-        # Break the cycles (buffers, buckets, views): the memory need not wait for the collector.
+        # Parked buffers outlive their pool until their events report done (`_parking.adopt`).
+        # The rest: break the cycles (buffers, buckets, views), not to wait for the collector.
         ledger = getattr(self, "_ledger", None)  # None: its __init__ raised
         if ledger is None:
             return
-        for bucket in ledger.buckets:
-            bucket.free = []
-            bucket.inbox.clear()
         for buffer in ledger.registry:
             buffer.views, buffer.lent, buffer.lent_sets = {}, [None, None], 0
+        kept = _parking.adopt(ledger)
+        for bucket in ledger.buckets:
+            bucket.free = []
+            if not kept:  # (else its releases are taken back, as the buffers retire)
+                bucket.inbox.clear()
 
     def __reduce_ex__(self, *args: object) -> typing.NoReturn:
         raise TypeError(_NO_COPY)
@@ -258,6 +263,8 @@ class BucketPool:
             _parking.poll(ledger)
         if ledger.old:  # a miss the young ones serve never asks them
             _parking.poll_old(ledger, _parking.POLL_BUDGET)
+        if _parking.ORPHANS:  # a dropped pool's buffers wait parked
+            _reap()
         self._drain()
         _returns.sweep_idle(ledger, self._settings.idle_trim_acquires)
 
@@ -316,6 +323,8 @@ class BucketPool:
         self, finished: Callable[[Sequence[CompletionEvent]], bool], operation: str
     ) -> int:
         self._outside(operation)
+        if _parking.ORPHANS:  # a dropped pool's buffers wait parked
+            _reap()
         retired, error = _parking.sweep(self._ledger, finished)
         try:
             problems = _returns.drain(self._ledger, self._reported)
@@ -419,6 +428,13 @@ class BucketPool:
         if owned():
             raise reentered(operation)
         self._drain()
+
+
+def _reap() -> None:
+    """Ask a few parked buffers of a dropped pool; free those whose events are done."""
+    ledger = _parking.reap()
+    if ledger is not None:
+        _returns.drain(ledger, set())  # (its caps keep nothing)
 
 
 _NO_COPY = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import typing
 import warnings
@@ -19,6 +20,7 @@ from bucketpool import (
     CompletionEvent,
     DebugLevel,
     ReleaseError,
+    orphaned_buffers,
 )
 from bucketpool._ledger import Ledger
 from bucketpool._parking import AGE, POLL_BUDGET
@@ -636,6 +638,133 @@ def test_synchronize_refuses_a_bad_timeout(
     with pytest.raises(error, match="synchronize: timeout must be"):
         pool.synchronize(timeout=timeout)  # type: ignore[arg-type]
     assert (event.queries, pool.stats().parked) == (1, 1)  # nothing asked, nothing changed
+
+
+# -- a pool dropped while buffers are parked -----------------------------------------------
+
+
+def _parked_memory(
+    pool: BucketPool, event: CompletionEvent, n: int = 16
+) -> weakref.ref[typing.Any]:
+    """Park a buffer of *n* on *event*; return a weak reference to its memory (its tensor)."""
+    handle = pool.acquire(n)
+    buffer = handle._buffer
+    handle.record_event(event)
+    handle.release()
+    return weakref.ref(buffer.base)
+
+
+def _calls_until(memory: weakref.ref[typing.Any], call: typing.Callable[[], object]) -> int:
+    """Make *call* until *memory* is freed; return how many it took (fails after 1,000)."""
+    for calls in range(1_000):
+        if memory() is None:
+            return calls
+        call()
+    raise AssertionError("never freed")
+
+
+@pytest.mark.parametrize("level", ["off", "strict"])
+def test_a_dropped_pool_keeps_a_parked_buffer_until_its_event_is_done(
+    level: DebugLevel, orphans: collections.deque[Ledger]
+) -> None:
+    gc.disable()  # nothing but reference counting frees anything here
+    try:
+        pool = BucketPool(debug=level)
+        event = FlagEvent()
+        memory = _parked_memory(pool, event)  # a copy may still read it
+        with pool.acquire(100) as bufs:
+            cached = weakref.ref(pool._ledger.buffers()[-1].base)
+        del bufs
+        del pool
+        assert cached() is None  # no copy reads a cached buffer: freed at once
+        assert memory() is not None  # was freed with its pool
+        assert orphaned_buffers() == 1
+        BucketPool().collect()  # later pool calls ask it
+        assert memory() is not None
+        event.done = True
+        assert memory() is not None  # nothing asked since
+        assert _calls_until(memory, BucketPool) <= 2  # new pools ask (less and less often)
+        assert orphaned_buffers() == 0
+        BucketPool()
+        assert not orphans  # and the dropped pool is let go
+    finally:
+        gc.enable()
+
+
+def test_an_acquires_sweep_asks_the_dropped_pools_in_turn(
+    orphans: collections.deque[Ledger],
+) -> None:
+    events = [FlagEvent() for _ in range(3)]
+    memories = []
+    for event in events:
+        dropped = BucketPool()
+        memories.append(_parked_memory(dropped, event))
+    del dropped
+    assert len(orphans) == 3
+    for event in events:
+        event.done = True
+    pool = BucketPool(idle_trim_acquires=4)  # a sweep every acquire; (asks one itself)
+    for _ in range(4):
+        with pool.acquire(16):
+            pass
+    assert [memory() for memory in memories] == [None] * 3
+    assert orphaned_buffers() == 0
+
+
+def test_a_dropped_pools_buffer_whose_event_raises_is_kept_and_counted(
+    orphans: collections.deque[Ledger],
+) -> None:
+    pool = BucketPool()
+    failing = RaisingEvent(raises=-1)  # a lost device: raises until finished
+    later = FlagEvent()
+    memory = _parked_memory(pool, later)
+    handle = pool.acquire(16)
+    lost = weakref.ref(handle._buffer.base)
+    handle.record_event(failing)
+    with pytest.raises(DeviceError):
+        handle.release()
+    del handle, pool
+    later.done = True
+    for _ in range(20):
+        BucketPool().collect()  # errors of a dropped pool's events reach no one
+    assert memory() is None
+    assert lost() is not None  # kept for ever: its copy may still read it
+    assert orphaned_buffers() == 1
+    failing.finish()
+    assert _calls_until(lost, lambda: BucketPool().collect()) <= 20  # within its turns so far
+    assert orphaned_buffers() == 0
+
+
+def test_an_error_a_dropped_pools_event_keeps_keeps_nothing_of_those_who_ask(
+    orphans: collections.deque[Ledger],
+) -> None:
+    kept = DeviceError("device lost")
+
+    class RaisesItsError:  # raises the same error object each time (it keeps it)
+        def query(self) -> bool:
+            raise kept
+
+    dropped = BucketPool()
+    handle = dropped.acquire(16)
+    handle.record_event(RaisesItsError())
+    with pytest.raises(DeviceError):
+        handle.release()
+    kept.__traceback__ = None  # (the release's: it would keep the release's frames)
+    del handle, dropped
+    assert orphaned_buffers() == 1
+
+    def made() -> weakref.ref[BucketPool]:
+        return weakref.ref(BucketPool())  # its __init__ asks the dropped pool's event
+
+    gc.collect()
+    gc.disable()
+    try:
+        pool = made()
+        assert kept.__traceback__ is None  # asked, and its traceback forgotten
+        assert pool() is None  # no traceback keeps the frames of the pool's __init__
+    finally:
+        gc.enable()
+    assert orphaned_buffers() == 1
 
 
 # -- a real device -------------------------------------------------------------------------

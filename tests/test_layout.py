@@ -63,13 +63,13 @@ def test_no_module_is_over_480_lines(path: pathlib.Path) -> None:
     assert len(path.read_text().splitlines()) <= 480
 
 
-def test_the_package_is_at_most_4250_lines() -> None:
+def test_the_package_is_at_most_4275_lines() -> None:
     # 3,600 for the EC pool and its drop-in (issue 23); 350 more for serving vLLM's other
     # swap_blocks_batch callers, the KV-offload handlers and HiSparse (issue 28); 150 more
-    # for the adapters' own hand-out (`_lend`), free in vLLM's real step (issue 32); 150
+    # for the adapters' own hand-out (`_lend`), free in vLLM's real step (issue 32); 175
     # more for parking: strict's arrays forgotten by a move, parked buffers that outlive
     # their pool, stuck events asked less and less, a raising event reported once.
-    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4250
+    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4275
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
