@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import gc
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from bench._cases import HOT_N, Series, SeriesCase, timed
 from bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
@@ -30,6 +30,7 @@ __all__ = [
     "STUCK_ASKED",
     "AfterOps",
     "CollectCase",
+    "Copies",
     "EventedCase",
     "NeverDone",
     "OpClock",
@@ -52,22 +53,43 @@ _COLLECT_REPEATS = 10  # collects of the smaller count per round, summed into on
 
 
 @typing.final
-class NeverDone:
-    """An event whose copy never finishes: what it guards stays parked.
+class Copies:
+    """What a case's stuck copies share: the questions their events got; whether they ended.
 
-    Each ``query()`` adds one to *asked*'s ``ops``, if given.
+    A case ends them as it closes: a pool it drops keeps no buffer parked for ever.
     """
 
-    __slots__ = ("_asked",)
+    __slots__ = ("asked", "ended")
 
-    def __init__(self, asked: OpClock | None = None) -> None:
-        self._asked = asked
+    def __init__(self) -> None:
+        self.asked = 0
+        self.ended = False
+
+
+@typing.final
+class NeverDone:
+    """An event whose copy never finishes while its case runs: what it guards stays parked."""
+
+    __slots__ = ("_copies",)
+
+    def __init__(self, copies: Copies | None = None) -> None:
+        self._copies = copies
 
     def query(self) -> bool:
-        """Return `False`: the copy is still running."""
-        if self._asked is not None:
-            self._asked.ops += 1
-        return False
+        """Return `False` (the copy is still running) until the case ends its *copies*."""
+        copies = self._copies
+        if copies is None:
+            return False
+        copies.asked += 1
+        return copies.ended
+
+
+def _end(pools: Iterable[BucketPool], copies: Copies | None = None) -> None:
+    """(a case's close) End its copies, and retire what they kept parked."""
+    if copies is not None:
+        copies.ended = True
+    for pool in pools:
+        pool.collect()
 
 
 @typing.final
@@ -169,13 +191,21 @@ class ParkedCase(SeriesCase):
             [("parked/none parked", "parked", "none parked")],
         )
         self._ops, self._parked = ops, parked
+        self._pools: list[BucketPool] = []
+        self._copies = Copies()
 
     def make(self) -> dict[str, Series]:
         """Make both pools and park the handles."""
         pools = {"none parked": BucketPool(), "parked": BucketPool()}
-        park(pools["parked"], _PARKED_N, self._parked)
-        ops = self._ops
+        park(pools["parked"], _PARKED_N, self._parked, functools.partial(NeverDone, self._copies))
+        self._pools, ops = [*pools.values()], self._ops
         return {k: timed(ops, handle_ops, p, HOT_N, ops) for k, p in pools.items()}
+
+    def close(self) -> None:
+        """End the copies; drop the pools."""
+        _end(self._pools, self._copies)
+        self._pools = []
+        super().close()
 
 
 @typing.final
@@ -193,17 +223,28 @@ class EventedCase(SeriesCase):
             ],
         )
         self._ops = ops
+        self._evented: tuple[BucketPool, OpClock] | None = None
 
     def make(self) -> dict[str, Series]:
         """Make the three pools."""
         n, ops = EVENTED_N, self._ops
         pending: _Pending = []
         original = OriginalDescriptorBufferPool()
+        self._evented = evented = (BucketPool(), OpClock())
         return {
             "plain": timed(ops, handle_ops, BucketPool(), n, ops),
-            "evented": timed(ops, evented_ops, BucketPool(), n, ops, OpClock()),
+            "evented": timed(ops, evented_ops, evented[0], n, ops, evented[1]),
             "original by hand": timed(ops, hand_evented_ops, original, n, ops, OpClock(), pending),
         }
+
+    def close(self) -> None:
+        """Let the last copies end; drop the pools."""
+        if self._evented is not None:
+            pool, clock = self._evented
+            clock.ops += DELAY + 1
+            _end([pool])
+        self._evented = None
+        super().close()
 
 
 @typing.final
@@ -220,16 +261,17 @@ class ParkedStuckCase(SeriesCase):
         )
         self._pools: dict[str, BucketPool] = {}
         self._warm: dict[str, int] = {}
-        self._asked = OpClock()  # questions the stuck events got
-        self._counted = [0, 0]  # of those, the timed passes' since warm-up; their steps
+        self._copies = Copies()  # the stuck ones
+        self._clocks = {name: OpClock() for name in ("none stuck", "stuck")}  # each pool's steps
+        self._counted = [0, 0]  # questions they got in the timed passes since warm-up; steps
 
     def make(self) -> dict[str, Series]:
         """Make both pools and park the stuck buffers."""
         self._pools = {name: _roomy(EVENTED_N, self._stuck) for name in ("none stuck", "stuck")}
-        asked = functools.partial(NeverDone, self._asked)
+        asked = functools.partial(NeverDone, self._copies)
         park(self._pools["stuck"], EVENTED_N, self._stuck, asked)
         return {
-            name: (functools.partial(self._pass, pool, OpClock()), self._ops)
+            name: (functools.partial(self._pass, pool, self._clocks[name]), self._ops)
             for name, pool in self._pools.items()
         }
 
@@ -240,10 +282,10 @@ class ParkedStuckCase(SeriesCase):
         self._counted = [0, 0]
 
     def _pass(self, pool: BucketPool, clock: OpClock) -> int:
-        asked = self._asked.ops
+        asked = self._copies.asked
         elapsed = time_ns(functools.partial(evented_ops, pool, EVENTED_N, self._ops, clock))
         if pool is self._pools["stuck"]:
-            self._counted[0] += self._asked.ops - asked
+            self._counted[0] += self._copies.asked - asked
             self._counted[1] += self._ops
         pool.collect()
         return elapsed
@@ -257,6 +299,14 @@ class ParkedStuckCase(SeriesCase):
             after = memory_of(pool).allocations - self._warm[name]
             figures[f"{name} allocations after warm-up"] = exact(after, "count")
         return figures
+
+    def close(self) -> None:
+        """End the stuck copies; drop the pools."""
+        for clock in self._clocks.values():  # the last steps' copies end too
+            clock.ops += DELAY + 1
+        _end(self._pools.values(), self._copies)
+        self._pools = {}
+        super().close()
 
 
 @typing.final
@@ -298,7 +348,10 @@ class CollectCase(SeriesCase):
                 self.samples[f"{state} {count}"].append(total / (count * repeats))
 
     def close(self) -> None:
-        """Drop the pools, the parked buffers with them."""
+        """Let the copies end; drop the pools."""
+        for pool, clock in self._pools:
+            clock.ops += 1
+            _end([pool])
         self._pools = []
 
 

@@ -8,7 +8,7 @@ parking whose errors reached no caller yet (`Ledger.report`: each parking's, onc
 
 A pool dropped while buffers are parked hands its ledger to `ORPHANS` (`adopt`): those
 buffers' memory lives on until their events report done, since a copy may still read it.
-Later pool calls ask a few of them in turn (`reap`); nothing else reaches that ledger.
+Later pool calls ask them (`reap`): a new pool all, others a few; nothing else reaches it.
 """
 
 from __future__ import annotations
@@ -130,11 +130,12 @@ def poll_old(ledger: Ledger, turns: int) -> tuple[int, bool, None, int]:
 
 
 def sweep(
-    ledger: Ledger, finished: Callable[[Sequence[CompletionEvent]], bool]
+    ledger: Ledger, finished: Callable[[Sequence[CompletionEvent]], bool], report: bool = True
 ) -> tuple[int, BaseException | None]:
     """Ask *finished* once about each parked buffer; return how many retired, and an error.
 
-    The error: the first of a parking whose events' errors reached no caller yet; now one has.
+    The error (if *report*): the first of a parking whose events' errors reached no caller
+    yet; now one has.
     """
     young, old, seen = ledger.parked_records()
     retired = 0
@@ -142,7 +143,7 @@ def sweep(
     try:
         for found in (*young, *old):
             buffer = found[0]  # read first: `retire` may spend it meanwhile
-            done, error = _ask(found, finished, first is None and not found[3])
+            done, error = _ask(found, finished, report and first is None and not found[3])
             if error is not None:  # the first of a parking none reached (`report` decides)
                 first = (found, buffer, error)
             if done and ledger.retire(found) is not None:
@@ -213,39 +214,46 @@ def adopt(ledger: Ledger) -> bool:
     if not ledger.parked_bytes and not [each for each in events if each]:  # none to park
         return False
     ledger.max_cached_bytes = ledger.max_cached_per_bucket = -1
-    ledger.tick += AGE + 1
+    ledger.old.extend(ledger.young)  # (here: a later call's few turns never pay for it)
+    ledger.young.clear()
     ledger.registry = {buffer: None for buffer in ledger.registry if buffer.token}
     ORPHANS.append(ledger)
     return True
 
 
-def reap() -> Ledger | None:
-    """Ask a few parked buffers of a dropped pool, the next in turn, and return its ledger.
+def reap(every: bool = False) -> list[Ledger]:
+    """Ask dropped pools' parked buffers; return the ledgers asked, what retired in their inboxes.
 
-    Its inboxes hold what retired, for the caller to free.  One with nothing parked or
-    queued left is let go.
+    A few of one dropped pool, the next in turn; with *every*, each of every one, once.  A
+    ledger with nothing parked or queued left is let go.
     """
-    try:
-        ledger = ORPHANS[0]
-    except IndexError:  # another thread let the last one go
-        return None
-    ORPHANS.rotate(-1)
-    if not ledger.parked_bytes and not [bucket for bucket in ledger.buckets if bucket.inbox]:
-        with contextlib.suppress(ValueError):  # another thread let it go
-            ORPHANS.remove(ledger)
-        return None
-    poll(ledger)
-    return ledger
+    asked = []
+    for _ in range(len(ORPHANS) if every else 1):
+        try:
+            ledger = ORPHANS[0]
+        except IndexError:  # another thread let the last one go
+            break
+        ORPHANS.rotate(-1)
+        if not ledger.parked_bytes and not [bucket for bucket in ledger.buckets if bucket.inbox]:
+            with contextlib.suppress(ValueError):  # another thread let it go
+                ORPHANS.remove(ledger)
+            continue
+        if every:
+            sweep(ledger, all_done, report=False)
+        else:
+            poll(ledger)
+        asked.append(ledger)
+    return asked
 
 
 def orphaned_buffers() -> int:
     """Return how many buffers of dropped pools wait for their events, kept (process-wide).
 
     A pool dropped while buffers are parked keeps their memory until their events report
-    done (a copy may still read it), asked now and then by later calls of any pool (an
-    acquire's idle sweep, `collect`, `synchronize`, a new pool).  An event that never
-    completes, or whose ``query()`` keeps raising, keeps its buffer for ever: counted here.
-    Thread-safe.
+    done (a copy may still read it), asked by later calls of any pool: a new pool asks each
+    once, an acquire's idle sweep, `collect` and `synchronize` a few.  An event that never
+    completes, or whose ``query()`` keeps raising, keeps its buffer until the process exits:
+    counted here.  Thread-safe.
     """
     while True:
         try:

@@ -90,8 +90,8 @@ class BucketPool:
         self._full_stack, self._watching = s.trace, self._level > 0 or s.trace
         self._reported: set[object] = set()
         self._self_ref = weakref.ref(self)
-        if _parking.ORPHANS and not owned():  # a dropped pool's buffers wait parked
-            _reap()
+        if _parking.ORPHANS and not owned():  # dropped pools' buffers wait parked: all asked
+            _reap(every=True)
 
     @property
     def settings(self) -> Settings:
@@ -430,10 +430,9 @@ class BucketPool:
         self._drain()
 
 
-def _reap() -> None:
-    """Ask a few parked buffers of a dropped pool; free those whose events are done."""
-    ledger = _parking.reap()
-    if ledger is not None:
+def _reap(every: bool = False) -> None:
+    """Ask dropped pools' parked buffers (`_parking.reap`); free those whose events are done."""
+    for ledger in _parking.reap(every):
         _returns.drain(ledger, set())  # (its caps keep nothing)
 
 

@@ -11,7 +11,7 @@ from bench._cases import Case
 from bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
 from bench._stats import Measurement
 from bench._targets import check_targets
-from bucketpool import BucketPool
+from bucketpool import BucketPool, orphaned_buffers
 
 
 def judged(case: Case, figures: Mapping[str, Measurement]) -> dict[str, str]:
@@ -22,6 +22,7 @@ def judged(case: Case, figures: Mapping[str, Measurement]) -> dict[str, str]:
 def test_parked_case() -> None:
     case = parked.ParkedCase(ops=20, parked=50)
     figures = run_case(case)
+    assert orphaned_buffers() == 0  # it ended its copies: no pool it dropped keeps a buffer
     assert case.name == "parked-50"
     assert set(figures) == {"parked/none parked", "none parked ns/step", "parked ns/step"}
     assert judged(case, figures) == {"parked/none parked": "promise"}
@@ -67,6 +68,7 @@ def test_the_original_by_hand_releases_what_is_done_before_each_acquire() -> Non
 def test_evented_case() -> None:
     case = parked.EventedCase(ops=30)
     figures = run_case(case)
+    assert orphaned_buffers() == 0
     for name in ("plain", "evented", "original by hand"):
         assert figures[f"{name} ns/step"].unit == "ns"
     assert judged(case, figures) == {
@@ -78,6 +80,7 @@ def test_evented_case() -> None:
 def test_parked_stuck_case() -> None:
     case = parked.ParkedStuckCase(ops=40, stuck=50)
     figures = run_case(case)
+    assert orphaned_buffers() == 0
     assert "50 buffers" in case.description
     for name in ("stuck", "none stuck"):
         assert figures[f"{name} allocations after warm-up"].unit == "count"
@@ -113,6 +116,7 @@ def test_collect_case() -> None:
     assert all(len(samples) == 2 for samples in case.samples.values())
     figures = case.measurements()
     case.close()
+    assert orphaned_buffers() == 0
     for state in ("pending", "done"):
         ratio = figures[f"{state}: per-buffer cost, 100x parked / 1x"]
         assert (ratio.unit, ratio.timed, ratio.rounds) == ("x", True, 2)

@@ -683,7 +683,7 @@ def test_a_dropped_pool_keeps_a_parked_buffer_until_its_event_is_done(
         assert memory() is not None
         event.done = True
         assert memory() is not None  # nothing asked since
-        assert _calls_until(memory, BucketPool) <= 2  # new pools ask (less and less often)
+        assert _calls_until(memory, BucketPool) == 1  # a new pool asks every one
         assert orphaned_buffers() == 0
         BucketPool()
         assert not orphans  # and the dropped pool is let go
@@ -701,14 +701,44 @@ def test_an_acquires_sweep_asks_the_dropped_pools_in_turn(
         memories.append(_parked_memory(dropped, event))
     del dropped
     assert len(orphans) == 3
+    pool = BucketPool(idle_trim_acquires=4)  # a sweep every acquire
     for event in events:
         event.done = True
-    pool = BucketPool(idle_trim_acquires=4)  # a sweep every acquire; (asks one itself)
-    for _ in range(4):
+    for _ in range(3):  # each sweep asks a few of the next dropped pool's
         with pool.acquire(16):
             pass
     assert [memory() for memory in memories] == [None] * 3
     assert orphaned_buffers() == 0
+
+
+def test_what_a_pool_call_spends_on_a_dropped_pool_does_not_grow_with_its_buffers(
+    orphans: collections.deque[Ledger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def moves_of_a_sweep(parked: int) -> int:
+        pool = BucketPool(idle_trim_acquires=4)  # made first: it asks every one, once
+        dropped = BucketPool(max_cached_per_bucket=parked, max_cached_bytes=1 << 30)
+        handles = [dropped.acquire(16) for _ in range(parked)]
+        for handle in handles:  # all young: parked in one hand-out
+            handle.record_event(FlagEvent())
+            handle.release()
+        del handle, handles, dropped
+        steps = [0]
+        for name in ("retire", "young_front", "old_front", "settle", "serve"):
+            move = getattr(Ledger, name)
+
+            def counted(*args: typing.Any, _move: typing.Any = move) -> typing.Any:
+                steps[0] += 1
+                return _move(*args)
+
+            monkeypatch.setattr(Ledger, name, counted)
+        with pool.acquire(16):  # its sweep asks a few of the dropped pool's
+            pass
+        monkeypatch.undo()
+        orphans.clear()
+        return steps[0]
+
+    walked = [moves_of_a_sweep(parked) for parked in (10, 2_000)]
+    assert walked[0] == walked[1] <= 2 * POLL_BUDGET + 4
 
 
 def test_a_dropped_pools_buffer_whose_event_raises_is_kept_and_counted(
@@ -731,7 +761,7 @@ def test_a_dropped_pools_buffer_whose_event_raises_is_kept_and_counted(
     assert lost() is not None  # kept for ever: its copy may still read it
     assert orphaned_buffers() == 1
     failing.finish()
-    assert _calls_until(lost, lambda: BucketPool().collect()) <= 20  # within its turns so far
+    assert _calls_until(lost, BucketPool) == 1  # a new pool asks every one
     assert orphaned_buffers() == 0
 
 
