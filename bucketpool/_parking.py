@@ -207,7 +207,7 @@ def adopt(ledger: Ledger) -> bool:
 
     Returns whether it was kept.  Nothing else reaches a dropped pool's ledger, so it is
     changed here without the lock: its cached buffers go, what retires is freed (caps below
-    zero), and every young record is old (taken in turn, as the tick moves no more).
+    zero), and its young records join the old queue (its tick moves no more).
     """
     queued = [entry for bucket in ledger.buckets for entry in bucket.inbox if entry[1] > 0]
     events = [entry[0].events if isinstance(entry[2], str) else entry[2] for entry in queued]
