@@ -112,9 +112,6 @@ PROMISES: tuple[TargetSpec, ...] = (
     _promise(
         ("parked-stuck",), "stuck allocations after warm-up", "<=", 0, "stuck holds its own only"
     ),
-    _promise(
-        ("parked-stuck",), "stuck events asked per 1,000 steps", "<=", 32, "8 per sweep at most"
-    ),
     _promise(("collect",), f"pending: {_COLLECT}", "<=", 1.5, "collect() flat per parked"),
     _promise(("collect",), f"done: {_COLLECT}", "<=", 1.5, "collect() flat per retired"),
     *(

@@ -86,11 +86,10 @@ def test_parked_stuck_case() -> None:
         assert figures[f"{name} allocations after warm-up"].unit == "count"
         assert not figures[f"{name} allocations after warm-up"].timed
     assert figures["none stuck allocations after warm-up"].value == 0
-    assert not figures[parked.STUCK_ASKED].timed
+    assert not figures[parked.STUCK_ASKED].timed  # (gated by the test below, not a target)
     assert judged(case, figures) == {
         "stuck/none stuck": "promise",
         "stuck allocations after warm-up": "promise",
-        parked.STUCK_ASKED: "promise",
     }
 
 

@@ -102,7 +102,6 @@ def test_the_other_promises_and_goals() -> None:
     assert limit_of("parked-10000", "parked/none parked") == 1.2
     assert limit_of("parked-stuck", "stuck/none stuck") == 1.2
     assert limit_of("parked-stuck", "stuck allocations after warm-up") == 0
-    assert limit_of("parked-stuck", "stuck events asked per 1,000 steps") == 32
     assert limit_of("evented", "evented/plain") == 2.0
     assert limit_of("evented", "evented/original by hand", "goal") == 1.0
     for state in ("pending", "done"):
