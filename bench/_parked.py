@@ -6,7 +6,8 @@ h.record_event(ev)``, ``ev`` done `DELAY` steps after, against the plain step, a
 the original used by hand as vllm-ascend does (a list of (event, triple) polled before each
 acquire, three ``[:n]`` slices).  ``parked-stuck``: the evented step with N buffers of its
 own bucket stuck parked before it (a hung copy), against a clean pool; ``pool.collect()``
-runs after each pass, untimed.  ``collect``: ``pool.collect()`` per parked buffer with N
+runs after each pass, untimed; and, exact, the questions the stuck events get in the
+passes (not the collects) per 1,000 steps.  ``collect``: ``pool.collect()`` per parked buffer with N
 parked over with N / 100, every event pending (none retires) or done (all retire).
 The pools of the last two get cache room for every parked buffer.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import functools
 import gc
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from bench._cases import HOT_N, Series, SeriesCase, timed
 from bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
@@ -26,8 +27,10 @@ from bucketpool import BucketPool, CompletionEvent
 
 __all__ = [
     "DELAY",
+    "STUCK_ASKED",
     "AfterOps",
     "CollectCase",
+    "Copies",
     "EventedCase",
     "NeverDone",
     "OpClock",
@@ -44,16 +47,49 @@ EVENTED_N = 64
 DELAY = 4
 #: ``parked-stuck`` passes are at most this long (a failing pool allocates on every step).
 STUCK_OPS = 2_500
+#: ``parked-stuck``'s exact figure: what the stuck events cost the passes' steps.
+STUCK_ASKED = "stuck events asked per 1,000 steps"
 _COLLECT_REPEATS = 10  # collects of the smaller count per round, summed into one sample
 
 
 @typing.final
+class Copies:
+    """What a case's stuck copies share: the questions their events got; whether they ended.
+
+    A case ends them as it closes: a pool it drops keeps no buffer parked for ever.
+    """
+
+    __slots__ = ("asked", "ended")
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.ended = False
+
+
+@typing.final
 class NeverDone:
-    """An event whose copy never finishes: what it guards stays parked."""
+    """An event whose copy never finishes while its case runs: what it guards stays parked."""
+
+    __slots__ = ("_copies",)
+
+    def __init__(self, copies: Copies | None = None) -> None:
+        self._copies = copies
 
     def query(self) -> bool:
-        """Return `False`: the copy is still running."""
-        return False
+        """Return `False` (the copy is still running) until the case ends its *copies*."""
+        copies = self._copies
+        if copies is None:
+            return False
+        copies.asked += 1
+        return copies.ended
+
+
+def _end(pools: Iterable[BucketPool], copies: Copies | None = None) -> None:
+    """(a case's close) End its copies, and retire what they kept parked."""
+    if copies is not None:
+        copies.ended = True
+    for pool in pools:
+        pool.collect()
 
 
 @typing.final
@@ -155,13 +191,21 @@ class ParkedCase(SeriesCase):
             [("parked/none parked", "parked", "none parked")],
         )
         self._ops, self._parked = ops, parked
+        self._pools: list[BucketPool] = []
+        self._copies = Copies()
 
     def make(self) -> dict[str, Series]:
         """Make both pools and park the handles."""
         pools = {"none parked": BucketPool(), "parked": BucketPool()}
-        park(pools["parked"], _PARKED_N, self._parked)
-        ops = self._ops
+        park(pools["parked"], _PARKED_N, self._parked, functools.partial(NeverDone, self._copies))
+        self._pools, ops = [*pools.values()], self._ops
         return {k: timed(ops, handle_ops, p, HOT_N, ops) for k, p in pools.items()}
+
+    def close(self) -> None:
+        """End the copies; drop the pools."""
+        _end(self._pools, self._copies)
+        self._pools = []
+        super().close()
 
 
 @typing.final
@@ -179,17 +223,28 @@ class EventedCase(SeriesCase):
             ],
         )
         self._ops = ops
+        self._evented: tuple[BucketPool, OpClock] | None = None
 
     def make(self) -> dict[str, Series]:
         """Make the three pools."""
         n, ops = EVENTED_N, self._ops
         pending: _Pending = []
         original = OriginalDescriptorBufferPool()
+        self._evented = evented = (BucketPool(), OpClock())
         return {
             "plain": timed(ops, handle_ops, BucketPool(), n, ops),
-            "evented": timed(ops, evented_ops, BucketPool(), n, ops, OpClock()),
+            "evented": timed(ops, evented_ops, evented[0], n, ops, evented[1]),
             "original by hand": timed(ops, hand_evented_ops, original, n, ops, OpClock(), pending),
         }
+
+    def close(self) -> None:
+        """Let the last copies end; drop the pools."""
+        if self._evented is not None:
+            pool, clock = self._evented
+            clock.ops += DELAY + 1
+            _end([pool])
+        self._evented = None
+        super().close()
 
 
 @typing.final
@@ -206,13 +261,17 @@ class ParkedStuckCase(SeriesCase):
         )
         self._pools: dict[str, BucketPool] = {}
         self._warm: dict[str, int] = {}
+        self._copies = Copies()  # the stuck ones
+        self._clocks = {name: OpClock() for name in ("none stuck", "stuck")}  # each pool's steps
+        self._counted = [0, 0]  # questions they got in the timed passes since warm-up; steps
 
     def make(self) -> dict[str, Series]:
         """Make both pools and park the stuck buffers."""
         self._pools = {name: _roomy(EVENTED_N, self._stuck) for name in ("none stuck", "stuck")}
-        park(self._pools["stuck"], EVENTED_N, self._stuck)
+        asked = functools.partial(NeverDone, self._copies)
+        park(self._pools["stuck"], EVENTED_N, self._stuck, asked)
         return {
-            name: (functools.partial(self._pass, pool, OpClock()), self._ops)
+            name: (functools.partial(self._pass, pool, self._clocks[name]), self._ops)
             for name, pool in self._pools.items()
         }
 
@@ -220,19 +279,34 @@ class ParkedStuckCase(SeriesCase):
         """Make the pools, warm both up, note their allocations."""
         super().setup()
         self._warm = {name: memory_of(pool).allocations for name, pool in self._pools.items()}
+        self._counted = [0, 0]
 
     def _pass(self, pool: BucketPool, clock: OpClock) -> int:
+        asked = self._copies.asked
         elapsed = time_ns(functools.partial(evented_ops, pool, EVENTED_N, self._ops, clock))
+        if pool is self._pools["stuck"]:
+            self._counted[0] += self._copies.asked - asked
+            self._counted[1] += self._ops
         pool.collect()
         return elapsed
 
     def measurements(self) -> dict[str, Measurement]:
-        """Stuck / none stuck, ns per step, allocations after warm-up."""
+        """Stuck / none stuck, ns per step, allocations after warm-up, questions per step."""
         figures = super().measurements()
+        asked, steps = self._counted
+        figures[STUCK_ASKED] = exact(1_000 * asked / max(steps, 1), "count")
         for name, pool in self._pools.items():
             after = memory_of(pool).allocations - self._warm[name]
             figures[f"{name} allocations after warm-up"] = exact(after, "count")
         return figures
+
+    def close(self) -> None:
+        """End the stuck copies; drop the pools."""
+        for clock in self._clocks.values():  # the last steps' copies end too
+            clock.ops += DELAY + 1
+        _end(self._pools.values(), self._copies)
+        self._pools = {}
+        super().close()
 
 
 @typing.final
@@ -274,7 +348,10 @@ class CollectCase(SeriesCase):
                 self.samples[f"{state} {count}"].append(total / (count * repeats))
 
     def close(self) -> None:
-        """Drop the pools, the parked buffers with them."""
+        """Let the copies end; drop the pools."""
+        for pool, clock in self._pools:
+            clock.ops += 1
+            _end([pool])
         self._pools = []
 
 

@@ -14,6 +14,7 @@ from bucketpool._errors import (
     UseAfterReleaseError,
 )
 from bucketpool._handle import BufferHandle
+from bucketpool._parking import orphaned_buffers
 from bucketpool._pool import BucketPool
 from bucketpool._settings import DebugLevel, Settings, bucket_capacity
 from bucketpool._stats import BucketStats, OutstandingBuffer, PoolStats, Stat
@@ -43,4 +44,5 @@ __all__ = [
     "Stat",
     "UseAfterReleaseError",
     "bucket_capacity",
+    "orphaned_buffers",
 ]

@@ -89,7 +89,7 @@ class Buffer:
         self.checksum: int | None = None  # debug levels: of the first n entries
         self.poisoned = 0  # debug levels: entries holding the poison
         self.handed: list[Any] = []  # strict: (weak references to) the hand-out's arrays
-        self.ended: list[Any] = []  # strict: the lists of ended hand-outs, made read-only next
+        self.ended: list[Any] = []  # strict: the lists of ended hand-outs (each move: a new list)
 
     @property
     def arrays(self) -> DescriptorArrays:

@@ -114,14 +114,15 @@ def verify(buffer: Buffer, token: int, caching: bool) -> tuple[str | None, Any]:
 
 
 def end_arrays(buffer: Buffer) -> None:
-    """(after the move that ended strict hand-outs) Make their arrays read-only."""
+    """(after the move that ended strict hand-outs) Make their arrays read-only; forget them."""
     ended = buffer.ended
     for handed in ended:  # the lists themselves: arrays derived meanwhile are marked too
         for ref in handed:
             if (array := ref()) is not None:
                 array.flags.writeable = False
-    if buffer.ended is ended:  # marked first: an interrupted pass is done again next time
-        buffer.ended = []
+    ledger = buffer.ledger()
+    if ledger is not None:  # (its pool gone: no holder comes)
+        ledger.forget_ended(buffer, ended)  # not those of hand-outs ended since: marked next
 
 
 def check_poison(buffer: Buffer) -> str | None:

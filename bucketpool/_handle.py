@@ -170,13 +170,14 @@ class BufferHandle:
                             raise error
                         self.__exit__(exc_type, exc, tb)  # refuses, as any released handle
                         return
-                given = pool._ledger.give_back(buffer, token, pending, views, seen)
+                raised = error is not None  # (raised to this releaser: to no one else)
+                given = pool._ledger.give_back(buffer, token, pending, views, seen, raised)
                 if given:
                     self._token = 0
                     break
                 if given is None:
                     continue
-                taken = pool._take_back((buffer, token, pending, views), seen)
+                taken = pool._take_back((buffer, token, pending, views), seen, raised)
                 if taken is None:
                     continue
                 self._token = 0

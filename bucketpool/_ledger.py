@@ -26,10 +26,10 @@ SETTLE, EMPTY, SWEEP = 1, 2, 4
 CACHE: Final = "cache"  # the holder of a buffer `reserve` caches
 LEAK: Final = "leak"  # queued by a dropped holder's finaliser in place of its events
 AS_RECORDED: Final = "as recorded"  # a release queued in a move: parks on every event so far
-DROPPED: Final = "dropped"  # `young_front`/`old_front` dropped or moved a record: ask again
+DROPPED: Final = "dropped"  # `young_front`/`old_front` dropped or moved one, unasked: again
 #: An inbox entry: buffer, token (< 0: parked), pending events (or a marker), views' bytes.
 Entry = tuple[Buffer, int, "list[Any] | str | None", int]
-Parking = list[Any]  # one parking: ``[buffer, events, tick]``, spent once its buffer is None
+Parking = list[Any]  # one parking: ``[buffer, events, tick, raised, turns]``; spent: no buffer
 Leak = tuple[int, object, int, object]  # n, the acquire's code, lasti (~: an adapter's), site
 TOTALS = (  # the ledger's totals, in the order `Ledger.snapshot` copies them
     *("active", "active_peak", "active_bytes", "active_bytes_peak", "allocations"),
@@ -162,6 +162,7 @@ class Ledger:
         pending: list[CompletionEvent] | None,
         cost: int,
         seen: int,
+        raised: bool = False,
     ) -> bool | None:
         """Held -> cached or parked; None: an event was recorded since *seen*; False: `settle`'s."""
         bucket = buffer.bucket
@@ -184,7 +185,7 @@ class Ledger:
             self.view_bytes += cost
             if pending:
                 buffer.token, buffer.events = -token, pending
-                self.young += ([buffer, pending, self.tick],)
+                self.young += ([buffer, pending, self.tick, raised, 0],)
                 self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
@@ -196,7 +197,12 @@ class Ledger:
             return True
 
     def settle(
-        self, bucket: Bucket, force: bool = False, entry: Entry | None = None, seen: int = -1
+        self,
+        bucket: Bucket,
+        force: bool = False,
+        entry: Entry | None = None,
+        seen: int = -1,
+        raised: bool = False,
     ) -> tuple[Buffer | None, str, Leak | None, str | None]:
         """Take back *entry*, else *bucket*'s oldest queued: park, cache or free it."""
         k = bucket.index
@@ -252,7 +258,7 @@ class Ledger:
                 self.parked_views -= buffer.view_bytes
             if events:
                 buffer.token, buffer.events = -token, events
-                self.young += ([buffer, events, self.tick],)
+                self.young += ([buffer, events, self.tick, raised, 0],)
                 self.changes += 1
                 self.parked[k] += 1
                 self.parked_bytes += nbytes
@@ -279,7 +285,7 @@ class Ledger:
                 problem, poison = checked
                 if token > 0 and buffer.own_views:  # the hand-out's own views end
                     buffer.views, buffer.version = {}, -1  # (the next one puts it back first)
-                    buffer.ended += (buffer.handed,)  # (strict) its arrays, read-only as it ends
+                    buffer.ended = [*buffer.ended, buffer.handed]  # (strict) a new list
                     buffer.handed = []
                 if poison is not None:  # a stale batched copy moves nothing
                     poison[: buffer.n] = 0
@@ -355,7 +361,11 @@ class Ledger:
             return DROPPED
 
     def old_front(self) -> Parking | str | None:
-        """Move the old queue's front record to its back and return it; a spent one: `DROPPED`."""
+        """Move the old queue's front record to its back; return it if it is to be asked.
+
+        A record is asked on its 1st, 2nd, 4th, 8th... turn (a copy that keeps failing, less
+        and less often); a turn it is not, and a spent one: `DROPPED`.
+        """
         with LOCK:
             if not self.old:
                 return None
@@ -365,7 +375,22 @@ class Ledger:
             if record[0] is None:
                 return DROPPED
             self.old += (record,)
-            return record
+            record[4] = turns = record[4] + 1
+            return DROPPED if turns & (turns - 1) else record
+
+    def forget_ended(self, buffer: Buffer, ended: list[Any]) -> None:
+        """(strict) Forget *ended*, made read-only, unless a hand-out ended since it was read."""
+        with LOCK:
+            if buffer.ended is ended:  # (the moves never change a list: they make a new one)
+                buffer.ended = []
+
+    def report(self, record: Parking) -> bool:
+        """Note that an error of *record*'s events reached a caller (raised); False: one had."""
+        with LOCK:
+            if record[0] is None or record[3]:
+                return False
+            record[3] = True
+            return True
 
     def parked_records(self) -> tuple[list[Parking], list[Parking], int]:
         with LOCK:

@@ -90,6 +90,8 @@ class BucketPool:
         self._full_stack, self._watching = s.trace, self._level > 0 or s.trace
         self._reported: set[object] = set()
         self._self_ref = weakref.ref(self)
+        if _parking.ORPHANS and not owned():  # dropped pools' buffers wait parked: all asked
+            _reap(every=True)
 
     @property
     def settings(self) -> Settings:
@@ -104,15 +106,18 @@ class BucketPool:
         )
 
     def __del__(self) -> None:
-        # Break the cycles (buffers, buckets, views): the memory need not wait for the collector.
+        # Parked buffers outlive their pool until their events report done (`_parking.adopt`).
+        # The rest: break the cycles (buffers, buckets, views), not to wait for the collector.
         ledger = getattr(self, "_ledger", None)  # None: its __init__ raised
         if ledger is None:
             return
-        for bucket in ledger.buckets:
-            bucket.free = []
-            bucket.inbox.clear()
         for buffer in ledger.registry.values():
             buffer.views, buffer.lent, buffer.lent_sets = {}, [None, None], 0
+        kept = _parking.adopt(ledger)
+        for bucket in ledger.buckets:
+            bucket.free = []
+            if not kept:  # (else its releases are taken back, as the buffers retire)
+                bucket.inbox.clear()
 
     def __reduce_ex__(self, *args: object) -> typing.NoReturn:
         raise TypeError(_NO_COPY)
@@ -227,10 +232,10 @@ class BucketPool:
             )
         handle.release()
 
-    def _take_back(self, entry: Entry, seen: int) -> bool | None:
+    def _take_back(self, entry: Entry, seen: int, raised: bool) -> bool | None:
         problems: list[str] = []
         taken = _returns.take_back(
-            self._ledger, entry[0].bucket, self._reported, problems, entry, seen
+            self._ledger, entry[0].bucket, self._reported, problems, entry, seen, raised
         )
         for problem in problems:
             _returns.warn(problem, RuntimeWarning)
@@ -258,6 +263,8 @@ class BucketPool:
             _parking.poll(ledger)
         if ledger.old:  # a miss the young ones serve never asks them
             _parking.poll_old(ledger, _parking.POLL_BUDGET)
+        if _parking.ORPHANS:  # a dropped pool's buffers wait parked
+            _reap()
         self._drain()
         _returns.sweep_idle(ledger, self._settings.idle_trim_acquires)
 
@@ -265,7 +272,9 @@ class BucketPool:
         """Retire every parked buffer whose events are all done (each asked once); return how many.
 
         Raises:
-            BaseException: the first error a ``query()`` raised; that buffer stays parked.
+            BaseException: the first error a ``query()`` raised that no call raised before
+                (a note names the buffer); that buffer stays parked, and no later `collect`
+                or `synchronize` raises its error.
             InFlightWriteError: (debug levels) a retired buffer's descriptors changed in flight.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
@@ -281,7 +290,8 @@ class BucketPool:
         Raises:
             TimeoutError: events still pending at the timeout; their buffers stay parked.
             TypeError, ValueError: *timeout* is not a number of seconds >= 0.
-            BaseException: the first error an event raised; its buffer stays parked.
+            BaseException: as for `collect`; an event that raises ends the wait for its
+                buffer, which stays parked.
             InFlightWriteError: (debug levels), as for `collect`.
             PoolError: called from a finaliser that interrupted this thread inside the pool.
         """
@@ -313,6 +323,8 @@ class BucketPool:
         self, finished: Callable[[Sequence[CompletionEvent]], bool], operation: str
     ) -> int:
         self._outside(operation)
+        if _parking.ORPHANS:  # a dropped pool's buffers wait parked
+            _reap()
         retired, error = _parking.sweep(self._ledger, finished)
         try:
             problems = _returns.drain(self._ledger, self._reported)
@@ -416,6 +428,12 @@ class BucketPool:
         if owned():
             raise reentered(operation)
         self._drain()
+
+
+def _reap(every: bool = False) -> None:
+    """Ask dropped pools' parked buffers (`_parking.reap`); free those whose events are done."""
+    for ledger in _parking.reap(every):
+        _returns.drain(ledger, set())  # (its caps keep nothing)
 
 
 _NO_COPY = (

@@ -33,12 +33,14 @@ def take_back(
     problems: list[str],
     entry: Entry | None = None,
     seen: int = -1,
+    raised: bool = False,
 ) -> bool | None:
     """Take back *entry* (else *bucket*'s oldest queued), adding a problem to *problems*.
 
     False: its hand-out was over already; None: an event was recorded since *seen*.
+    *raised*: its events' error reached the releaser (`Ledger.report`).
     """
-    buffer, outcome, leak, problem = ledger.settle(bucket, entry=entry, seen=seen)
+    buffer, outcome, leak, problem = ledger.settle(bucket, False, entry, seen, raised)
     if outcome == "recorded":
         return None
     if outcome == "crowded" and buffer is not None:
@@ -54,7 +56,7 @@ def take_back(
         kept = sum(bucket.nbytes + cached.view_bytes for cached in bucket.free)  # (hints)
         if kept <= room:  # else room elsewhere would not fit it: it is freed, nothing more
             trim_to(ledger, room, keep=bucket)
-        buffer, outcome, leak, problem = ledger.settle(bucket, force=True, entry=entry, seen=seen)
+        buffer, outcome, leak, problem = ledger.settle(bucket, True, entry, seen, raised)
         if outcome == "recorded":
             return None
     if buffer is None:

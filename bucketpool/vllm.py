@@ -25,7 +25,6 @@ import attrs
 import torch
 
 from bucketpool import _copies, _kv_offload, compat
-from bucketpool._errors import ReleaseError
 from bucketpool.compat import _Adapter
 
 __all__ = ["InstallResult", "install", "installed", "plugin", "uninstall"]
@@ -321,12 +320,15 @@ def _wrap_shutdown(module: ModuleType) -> tuple[tuple[type, str, object, object]
             original(self)
             return
         flights = (*getattr(self, "_inflight_saves", ()), *getattr(self, "_inflight_loads", ()))
-        held = [getattr(flight, "bufs", None) for flight in flights]
-        held.append(getattr(self, "_save_bufs", None))  # (a test's worker may lack any field)
-        original(self)  # its events synchronised: no copy reads the triples any more
-        for bufs in filter(None, held):  # (a tuple of three or six fields is true)
-            with contextlib.suppress(ReleaseError):  # released already, or not this pool's
-                pool.release(bufs)
+        held = [(getattr(each, "bufs", None), getattr(each, "end_event", None)) for each in flights]
+        held.append((getattr(self, "_save_bufs", None), None))  # (a test's may lack any field)
+        try:
+            original(self)  # its events synchronised: no copy reads the triples any more
+        finally:  # given back also when it raised: parked on their end events, if pending
+            for bufs, event in held:
+                if bufs:  # (a tuple of three or six fields is true)
+                    with contextlib.suppress(Exception):  # released already, not this pool's,
+                        pool.release(bufs, event=event)  # or a lost device's query(): parked
         pool.pool.synchronize()
 
     return ((worker, "shutdown", original, shutdown),)

@@ -6,13 +6,15 @@ name: pytest does not mean a conftest to be imported.
 
 from __future__ import annotations
 
+import collections
 import gc
 import sys
 from collections.abc import Iterator
 
 import pytest
 
-from bucketpool import BucketPool
+from bucketpool import BucketPool, _parking
+from bucketpool._ledger import Ledger
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,3 +66,24 @@ def frequent_thread_switches() -> Iterator[None]:
         yield
     finally:
         sys.setswitchinterval(interval)
+
+
+@pytest.fixture(autouse=True)
+def _own_orphans() -> Iterator[collections.deque[Ledger]]:
+    """Each test's dropped pools wait in a queue of its own (`bucketpool._parking.ORPHANS`):
+    no test's pool calls ask another test's events.  (No monkeypatch: the fixtures that
+    check what a test leaves behind run after it.)"""
+    before, mine = _parking.ORPHANS, collections.deque[Ledger]()
+    _parking.ORPHANS = mine
+    try:
+        yield mine
+    finally:
+        _parking.ORPHANS = before
+
+
+@pytest.fixture
+def orphans(_own_orphans: collections.deque[Ledger]) -> collections.deque[Ledger]:
+    """This test's dropped pools that wait, and none the collector finds of an earlier test."""
+    gc.collect()
+    _own_orphans.clear()
+    return _own_orphans

@@ -11,7 +11,7 @@ from bench._cases import Case
 from bench._original import OriginalDescriptorBufferPool, OriginalDescriptorBuffers
 from bench._stats import Measurement
 from bench._targets import check_targets
-from bucketpool import BucketPool
+from bucketpool import BucketPool, orphaned_buffers
 
 
 def judged(case: Case, figures: Mapping[str, Measurement]) -> dict[str, str]:
@@ -22,6 +22,7 @@ def judged(case: Case, figures: Mapping[str, Measurement]) -> dict[str, str]:
 def test_parked_case() -> None:
     case = parked.ParkedCase(ops=20, parked=50)
     figures = run_case(case)
+    assert orphaned_buffers() == 0  # it ended its copies: no pool it dropped keeps a buffer
     assert case.name == "parked-50"
     assert set(figures) == {"parked/none parked", "none parked ns/step", "parked ns/step"}
     assert judged(case, figures) == {"parked/none parked": "promise"}
@@ -67,6 +68,7 @@ def test_the_original_by_hand_releases_what_is_done_before_each_acquire() -> Non
 def test_evented_case() -> None:
     case = parked.EventedCase(ops=30)
     figures = run_case(case)
+    assert orphaned_buffers() == 0
     for name in ("plain", "evented", "original by hand"):
         assert figures[f"{name} ns/step"].unit == "ns"
     assert judged(case, figures) == {
@@ -78,15 +80,27 @@ def test_evented_case() -> None:
 def test_parked_stuck_case() -> None:
     case = parked.ParkedStuckCase(ops=40, stuck=50)
     figures = run_case(case)
+    assert orphaned_buffers() == 0
     assert "50 buffers" in case.description
     for name in ("stuck", "none stuck"):
         assert figures[f"{name} allocations after warm-up"].unit == "count"
         assert not figures[f"{name} allocations after warm-up"].timed
     assert figures["none stuck allocations after warm-up"].value == 0
+    assert not figures[parked.STUCK_ASKED].timed  # (gated by the test below, not a target)
     assert judged(case, figures) == {
         "stuck/none stuck": "promise",
         "stuck allocations after warm-up": "promise",
     }
+
+
+def test_the_stuck_events_cost_the_steps_the_same_however_many() -> None:
+    # Exact: the questions stuck events get in a timed pass, per 1,000 steps: four in each
+    # sweep (every 256 steps: 9 or 10 a pass), whether 100 or 4,000 are stuck.
+    sweeps = parked.STUCK_OPS // 256
+    for stuck in (100, 4_000):
+        figures = run_case(parked.ParkedStuckCase(ops=parked.STUCK_OPS, stuck=stuck), rounds=1)
+        asked = figures[parked.STUCK_ASKED].value * parked.STUCK_OPS / 1_000
+        assert 4 * sweeps <= asked <= 4 * (sweeps + 1), stuck
 
 
 def test_collect_case() -> None:
@@ -101,6 +115,7 @@ def test_collect_case() -> None:
     assert all(len(samples) == 2 for samples in case.samples.values())
     figures = case.measurements()
     case.close()
+    assert orphaned_buffers() == 0
     for state in ("pending", "done"):
         ratio = figures[f"{state}: per-buffer cost, 100x parked / 1x"]
         assert (ratio.unit, ratio.timed, ratio.rounds) == ("x", True, 2)

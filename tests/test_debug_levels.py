@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import sys
+import types
 import typing
 import warnings
 import weakref
@@ -683,3 +685,68 @@ def test_an_array_derived_while_another_thread_releases_is_made_read_only(
     assert handle.released
     assert not live.flags.writeable
     assert not cut.flags.writeable  # else a stale write lands in the next holder's buffer
+
+
+def _release_while_another_holder_ends(
+    line: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[int], list[typing.Any]]:
+    """Release a strict hand-out; at *line* of its `end_arrays`, another holder takes the
+    buffer and ends its own hand-out, its marking held back until the release is over.
+
+    Returns the address of each hand-out's buffer (one: `end_arrays` ran fewer lines) and
+    every array of both.
+    """
+    code, end_arrays = _debug.end_arrays.__code__, _debug.end_arrays
+    pool = BucketPool(debug="strict")
+    first = pool.acquire(8)
+    arrays: list[typing.Any] = [*first.arrays]
+    held_back: list[typing.Any] = []
+    lines = [0]
+    taken = [first.buffers[0].data_ptr()]
+
+    def other_holder() -> None:  # another thread, at this line of the release's marking
+        second = pool.acquire(8)
+        taken.append(second.buffers[0].data_ptr())
+        arrays.extend(second.arrays)
+        monkeypatch.setattr(_debug, "end_arrays", held_back.append)
+        second.release()  # its move ends the hand-out; its marking waits
+        monkeypatch.setattr(_debug, "end_arrays", end_arrays)
+
+    def local(frame: types.FrameType, event: str, arg: object) -> typing.Any:
+        if event == "line":
+            if lines[0] == line:
+                other_holder()  # (nothing is traced inside a trace function)
+            lines[0] += 1
+        return local
+
+    def calls(frame: types.FrameType, event: str, arg: object) -> typing.Any:
+        return local if frame.f_code is code and not lines[0] else None
+
+    before = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        first.release()
+    finally:
+        sys.settrace(before)
+    for buffer in held_back:  # the other thread runs on
+        end_arrays(buffer)
+    return taken, arrays
+
+
+def test_no_strict_hand_out_keeps_writable_arrays_whatever_the_interleaving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A release makes its hand-out's arrays read-only after its move, outside the lock.
+    # Another thread may take the same buffer and end a hand-out of its own at any point of
+    # that: each line of `end_arrays` is tried in turn.  Checking, then storing,
+    # `buffer.ended` outside the lock dropped the other hand-out's list unmarked there: its
+    # arrays stayed writable, and a stale write landed in the next holder's buffer.
+    line = 0
+    while True:
+        taken, arrays = _release_while_another_holder_ends(line, monkeypatch)
+        if len(taken) == 1:  # every line was tried
+            break
+        assert taken[0] == taken[1]  # the other holder had the same buffer
+        assert not [array for array in arrays if array.flags.writeable], f"at line {line}"
+        line += 1
+    assert line >= 6  # the interleavings were tried

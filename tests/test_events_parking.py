@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import typing
 import warnings
@@ -19,6 +20,7 @@ from bucketpool import (
     CompletionEvent,
     DebugLevel,
     ReleaseError,
+    orphaned_buffers,
 )
 from bucketpool._ledger import Ledger
 from bucketpool._parking import AGE, POLL_BUDGET
@@ -426,6 +428,102 @@ def test_release_re_raises_a_base_exception_after_taking_effect() -> None:
     assert pool.stats().parked == 1
 
 
+def _park(pool: BucketPool, event: CompletionEvent, n: int = 16) -> int:
+    """Acquire *n*, record *event*, release; return the buffer's address."""
+    handle = pool.acquire(n)
+    address = handle.buffers[0].data_ptr()
+    handle.record_event(event)
+    handle.release()
+    return address
+
+
+def test_a_raising_event_is_reported_once_by_collect_naming_its_buffer() -> None:
+    pool = BucketPool()
+    failing = ScriptedEvent(False, after=DeviceError("device lost"))  # pending at release
+    address = _park(pool, failing)
+    later = FlagEvent()
+    _park(pool, later)
+    with pytest.raises(DeviceError) as raised:
+        pool.collect()
+    notes = "".join(getattr(raised.value, "__notes__", []))
+    assert "parked buffer (capacity 16, n=16, acquired at " in notes
+    assert f"{__file__}:" in notes
+    later.done = True
+    assert pool.collect() == 1  # not raised again; the others keep retiring
+    pool.synchronize()  # neither raised nor waited for: its query() raises
+    assert failing.queries >= 4  # asked each time all the same
+    assert pool.stats().parked == 1
+    with pool.acquire(16) as bufs:
+        assert bufs[0].data_ptr() != address  # out of reuse
+    failing.after = True  # the device recovered: done after all
+    assert pool.collect() == 1
+    assert pool.stats().parked == 0
+
+
+@pytest.mark.parametrize("settle", ["collect", "synchronize"])
+def test_an_error_the_release_raised_is_not_raised_again(settle: str) -> None:
+    pool = BucketPool()
+    failing = RaisingEvent(raises=-1)  # raises until finished
+    handle = pool.acquire(16)
+    address = handle.buffers[0].data_ptr()
+    handle.record_event(failing)
+    with pytest.raises(DeviceError):
+        handle.release()  # reported here, to the releaser
+    done = FlagEvent()
+    _park(pool, done)
+    done.done = True
+    getattr(pool, settle)()  # no error, no wait: the other one retires
+    getattr(pool, settle)()
+    assert pool.stats().parked == 1
+    with pool.acquire(16) as bufs:
+        assert bufs[0].data_ptr() != address
+    failing.finish()
+    getattr(pool, settle)()
+    assert pool.stats().parked == 0
+
+
+def test_synchronize_reports_a_raising_event_once_and_never_waits_for_it() -> None:
+    pool = BucketPool()
+    failing = ScriptedEvent(False, after=DeviceError("device lost"))
+    _park(pool, failing)
+    with pytest.raises(DeviceError):
+        pool.synchronize()
+    pool.synchronize(timeout=3600)  # returns: its query() raises, so it is not waited for
+    pool.synchronize()
+    assert pool.stats().parked == 1
+
+
+def test_of_two_collects_that_meet_one_raising_event_one_raises_it() -> None:
+    pool = BucketPool()
+    inner: list[BaseException | None] = []
+
+    class RaisingWhileAnotherCollects:
+        def query(self) -> bool:
+            if not armed:
+                return False
+            if not inner:  # another thread's collect, between this one's question and report
+                inner.append(None)
+                try:
+                    pool.collect()
+                except DeviceError as error:
+                    inner[0] = error
+            raise DeviceError("device lost")
+
+    armed = False
+    _park(pool, RaisingWhileAnotherCollects())
+    armed = True
+    try:
+        pool.collect()
+    except DeviceError as error:
+        outer: BaseException | None = error
+    else:
+        outer = None
+    assert len(inner) == 1  # the interleaving happened
+    assert (inner[0] is None) != (outer is None)  # reported once, by one of them
+    pool.collect()  # and never again
+    assert pool.stats().parked == 1
+
+
 # -- collect and synchronize ---------------------------------------------------------------
 
 
@@ -540,6 +638,163 @@ def test_synchronize_refuses_a_bad_timeout(
     with pytest.raises(error, match="synchronize: timeout must be"):
         pool.synchronize(timeout=timeout)  # type: ignore[arg-type]
     assert (event.queries, pool.stats().parked) == (1, 1)  # nothing asked, nothing changed
+
+
+# -- a pool dropped while buffers are parked -----------------------------------------------
+
+
+def _parked_memory(
+    pool: BucketPool, event: CompletionEvent, n: int = 16
+) -> weakref.ref[typing.Any]:
+    """Park a buffer of *n* on *event*; return a weak reference to its memory (its tensor)."""
+    handle = pool.acquire(n)
+    buffer = handle._buffer
+    handle.record_event(event)
+    handle.release()
+    return weakref.ref(buffer.base)
+
+
+def _calls_until(memory: weakref.ref[typing.Any], call: typing.Callable[[], object]) -> int:
+    """Make *call* until *memory* is freed; return how many it took (fails after 1,000)."""
+    for calls in range(1_000):
+        if memory() is None:
+            return calls
+        call()
+    raise AssertionError("never freed")
+
+
+@pytest.mark.parametrize("level", ["off", "strict"])
+def test_a_dropped_pool_keeps_a_parked_buffer_until_its_event_is_done(
+    level: DebugLevel, orphans: collections.deque[Ledger]
+) -> None:
+    gc.disable()  # nothing but reference counting frees anything here
+    try:
+        pool = BucketPool(debug=level)
+        event = FlagEvent()
+        memory = _parked_memory(pool, event)  # a copy may still read it
+        with pool.acquire(100) as bufs:
+            cached = weakref.ref([*pool._ledger.buffers().values()][-1].base)
+        del bufs
+        del pool
+        assert cached() is None  # no copy reads a cached buffer: freed at once
+        assert memory() is not None  # was freed with its pool
+        assert orphaned_buffers() == 1
+        BucketPool().collect()  # later pool calls ask it
+        assert memory() is not None
+        event.done = True
+        assert memory() is not None  # nothing asked since
+        assert _calls_until(memory, BucketPool) == 1  # a new pool asks every one
+        assert orphaned_buffers() == 0
+        BucketPool()
+        assert not orphans  # and the dropped pool is let go
+    finally:
+        gc.enable()
+
+
+def test_an_acquires_sweep_asks_the_dropped_pools_in_turn(
+    orphans: collections.deque[Ledger],
+) -> None:
+    events = [FlagEvent() for _ in range(3)]
+    memories = []
+    for event in events:
+        dropped = BucketPool()
+        memories.append(_parked_memory(dropped, event))
+    del dropped
+    assert len(orphans) == 3
+    pool = BucketPool(idle_trim_acquires=4)  # a sweep every acquire
+    for event in events:
+        event.done = True
+    for _ in range(3):  # each sweep asks a few of the next dropped pool's
+        with pool.acquire(16):
+            pass
+    assert [memory() for memory in memories] == [None] * 3
+    assert orphaned_buffers() == 0
+
+
+def test_what_a_pool_call_spends_on_a_dropped_pool_does_not_grow_with_its_buffers(
+    orphans: collections.deque[Ledger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def moves_of_a_sweep(parked: int) -> int:
+        pool = BucketPool(idle_trim_acquires=4)  # made first: it asks every one, once
+        dropped = BucketPool(max_cached_per_bucket=parked, max_cached_bytes=1 << 30)
+        handles = [dropped.acquire(16) for _ in range(parked)]
+        for handle in handles:  # all young: parked in one hand-out
+            handle.record_event(FlagEvent())
+            handle.release()
+        del handle, handles, dropped
+        steps = [0]
+        for name in ("retire", "young_front", "old_front", "settle", "serve"):
+            move = getattr(Ledger, name)
+
+            def counted(*args: typing.Any, _move: typing.Any = move) -> typing.Any:
+                steps[0] += 1
+                return _move(*args)
+
+            monkeypatch.setattr(Ledger, name, counted)
+        with pool.acquire(16):  # its sweep asks a few of the dropped pool's
+            pass
+        monkeypatch.undo()
+        orphans.clear()
+        return steps[0]
+
+    walked = [moves_of_a_sweep(parked) for parked in (10, 2_000)]
+    assert walked[0] == walked[1] <= 2 * POLL_BUDGET + 4
+
+
+def test_a_dropped_pools_buffer_whose_event_raises_is_kept_and_counted(
+    orphans: collections.deque[Ledger],
+) -> None:
+    pool = BucketPool()
+    failing = RaisingEvent(raises=-1)  # a lost device: raises until finished
+    later = FlagEvent()
+    memory = _parked_memory(pool, later)
+    handle = pool.acquire(16)
+    lost = weakref.ref(handle._buffer.base)
+    handle.record_event(failing)
+    with pytest.raises(DeviceError):
+        handle.release()
+    del handle, pool
+    later.done = True
+    for _ in range(20):
+        BucketPool().collect()  # errors of a dropped pool's events reach no one
+    assert memory() is None
+    assert lost() is not None  # kept for ever: its copy may still read it
+    assert orphaned_buffers() == 1
+    failing.finish()
+    assert _calls_until(lost, BucketPool) == 1  # a new pool asks every one
+    assert orphaned_buffers() == 0
+
+
+def test_an_error_a_dropped_pools_event_keeps_keeps_nothing_of_those_who_ask(
+    orphans: collections.deque[Ledger],
+) -> None:
+    kept = DeviceError("device lost")
+
+    class RaisesItsError:  # raises the same error object each time (it keeps it)
+        def query(self) -> bool:
+            raise kept
+
+    dropped = BucketPool()
+    handle = dropped.acquire(16)
+    handle.record_event(RaisesItsError())
+    with pytest.raises(DeviceError):
+        handle.release()
+    kept.__traceback__ = None  # (the release's: it would keep the release's frames)
+    del handle, dropped
+    assert orphaned_buffers() == 1
+
+    def made() -> weakref.ref[BucketPool]:
+        return weakref.ref(BucketPool())  # its __init__ asks the dropped pool's event
+
+    gc.collect()
+    gc.disable()
+    try:
+        pool = made()
+        assert kept.__traceback__ is None  # asked, and its traceback forgotten
+        assert pool() is None  # no traceback keeps the frames of the pool's __init__
+    finally:
+        gc.enable()
+    assert orphaned_buffers() == 1
 
 
 # -- a real device -------------------------------------------------------------------------
@@ -761,8 +1016,7 @@ def test_after_a_sweep_behind_a_stuck_copy_an_acquire_walks_no_spent_record(
             handle.release()
         for event in events:
             event.done = True
-        with pytest.raises(DeviceError):  # reported; the buffers behind it retire
-            getattr(pool, settle)()
+        getattr(pool, settle)()  # (the release reported the error): those behind it retire
         assert pool.stats().parked == 1
         steps = [0]
         for name in ("retire", "young_front", "old_front", "serve"):
@@ -780,6 +1034,22 @@ def test_after_a_sweep_behind_a_stuck_copy_an_acquire_walks_no_spent_record(
 
     walked = [walk_after_sweeping(retired) for retired in (10, 1_000)]
     assert walked[0] == walked[1] <= 2 * POLL_BUDGET + 4
+
+
+def test_a_stuck_copy_is_asked_less_and_less_often() -> None:
+    pool = BucketPool()  # the idle sweep every 256 acquires: it asks the old queue
+    stuck = [FlagEvent() for _ in range(3)]  # never complete
+    for event in stuck:
+        _park(pool, event)
+    before = [event.queries for event in stuck]
+    for _ in range(100 * 256):  # hits: only the sweeps ask, four old turns each (or eight)
+        with pool.acquire(16):
+            pass
+    turns = 2 * 100 * POLL_BUDGET // len(stuck)  # each one's turns in the old queue, at most
+    asked = [event.queries - first for event, first in zip(stuck, before, strict=True)]
+    assert min(asked) >= 2  # asked: in the old queue, on its turns
+    # On its 1st, 2nd, 4th ... turn (and by a miss and a sweep while young): was every turn.
+    assert max(asked) <= turns.bit_length() + 2
 
 
 def test_a_stuck_copy_that_completes_later_comes_back_without_collect() -> None:

@@ -11,6 +11,7 @@ byte for byte against a model, with vLLM's own list and with the drop-in, under
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import gc
@@ -22,6 +23,7 @@ import sys
 import types
 import typing
 import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,15 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
+from _events import FlagEvent
 
-from bucketpool import BucketPool, LeakWarning, ReleaseError, _kv_offload
+from bucketpool import (
+    BucketPool,
+    LeakWarning,
+    ReleaseError,
+    _kv_offload,
+    orphaned_buffers,
+)
 from bucketpool import vllm as bucketpool_vllm
 
 PAGES = (48, 64)  # bytes per device block of each KV tensor
@@ -648,6 +657,29 @@ def test_uninstall_restores_vllm(gpu_worker: types.ModuleType) -> None:
     assert [vars(cls)[name] for name in WRAPPED] == methods
     assert not bucketpool_vllm.installed()
     assert not _kv_offload._pools
+
+
+def test_uninstall_keeps_a_parked_buffer_until_its_copy_is_done(
+    gpu_worker: types.ModuleType, orphans: collections.deque[Any]
+) -> None:
+    bucketpool_vllm.install(kv_offload=True)
+    triple = gpu_worker._new_descriptor_buffers(16)
+    handle = _kv_offload._holder(triple)
+    assert handle is not None
+    memory = weakref.ref(handle._buffer.base)  # the buffer's own tensor
+    running = FlagEvent()  # the copy that reads the descriptors
+    handle.record_event(running)
+    handle.release()
+    del triple, handle
+    bucketpool_vllm.uninstall()  # the per-process pools go
+    assert not _kv_offload._pools
+    assert memory() is not None  # was freed under the copy
+    assert orphaned_buffers() == 1
+    running.done = True
+    for _ in range(100):  # later pool calls ask it
+        BucketPool().collect()
+    assert memory() is None
+    assert orphaned_buffers() == 0
 
 
 def test_uninstall_restores_a_factory_bound_after_install(gpu_worker: types.ModuleType) -> None:

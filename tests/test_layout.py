@@ -57,21 +57,25 @@ def package_graph() -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
-def test_no_module_is_over_450_lines(path: pathlib.Path) -> None:
-    assert len(path.read_text().splitlines()) <= 450
+def test_no_module_is_over_480_lines(path: pathlib.Path) -> None:
+    # 450, and 30 more for the ledger, which holds every move (the lock is taken nowhere
+    # else) and grew with the parking fixes: a room by concept, not packed to fit a cap.
+    assert len(path.read_text().splitlines()) <= 480
 
 
-def test_the_package_is_at_most_4530_lines() -> None:
+def test_the_package_is_at_most_4710_lines() -> None:
     # 3,600 for the EC pool and its drop-in (issue 23); 350 more for serving vLLM's other
     # swap_blocks_batch callers, the KV-offload handlers and HiSparse (issue 28); 200 more
     # for the adapters' own hand-out (`_lend`), free in vLLM's real step (issue 32), and
-    # the sixth review's fixes (issue 33); 30 more for giving back the triples of the
-    # transfers vLLM 0.34 drops when they fail; 120 for install() as deployments use it: all
-    # or nothing, a class in place of vLLM's pool that vLLM's code and plugins can subclass,
+    # the sixth review's fixes (issue 33); 175 more for parking: strict's arrays forgotten
+    # by a move, parked buffers that outlive their pool, stuck events asked less and less,
+    # a raising event reported once; 30 more for giving back the triples of the transfers
+    # vLLM 0.34 drops when they fail; 120 for install() as deployments use it: all or
+    # nothing, a class in place of vLLM's pool that vLLM's code and plugins can subclass,
     # the vLLM versions it was tested with and a record of what it did, and the vLLM plugin
     # that runs it in every process; 230 to catch a release while a copy reads (issue 35:
     # the registry by address, `_copies`, the op install() wraps, `testing.HostDevice`).
-    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4530
+    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4710
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)

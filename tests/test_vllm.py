@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
-from _events import SyncEvent
+from _events import DeviceError, SyncEvent
 
 import bucketpool
 from bucketpool import compat
@@ -385,6 +385,36 @@ def test_shutdown_gives_back_what_vllms_shutdown_drops(build: Builder) -> None:
     assert len(worker._buf_pool._pool) == 3
     bucketpool_vllm.uninstall()
     assert worker_class.shutdown is original
+
+
+class _LostDevice(SyncEvent):
+    """A copy on a device that was lost: never done, and waiting for it fails."""
+
+    def synchronize(self) -> None:
+        raise DeviceError("device lost")
+
+
+def test_shutdown_gives_back_what_it_holds_when_vllms_shutdown_raises(build: Builder) -> None:
+    worker_class = add_worker(build.tree(AliasedBuffers))
+    bucketpool_vllm.install()
+    worker = worker_class()
+    lost = _LostDevice()
+    worker._save_bufs = worker._buf_pool.acquire(3)  # an open save batch: no copy
+    worker._inflight_saves.append(Transfer(lost, worker._buf_pool.acquire(40)))
+    pool = worker._buf_pool.pool
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(DeviceError):  # vLLM's shutdown raises: its error goes on
+            worker.shutdown()
+
+    assert [str(warning.message) for warning in caught] == []  # no LeakWarning
+    stats = pool.stats()
+    assert (stats.active_requests.current, stats.leaks) == (0, 0)  # both given back
+    assert stats.parked == 1  # the flight's: its copy may still read it
+    assert lost.queries >= 1  # parked on its end event
+    lost.done = True
+    assert pool.collect() == 1
 
 
 def test_shutdown_still_reports_a_real_leak(build: Builder) -> None:

@@ -30,6 +30,7 @@ from bucketpool import (
     ReleaseError,
     Stat,
     bucket_capacity,
+    orphaned_buffers,
 )
 from bucketpool.compat import (
     AliasedDescriptorBufferPool,
@@ -106,6 +107,7 @@ def check_pool(pool: BucketPool, n: int) -> None:
     pool.settings = pool.settings  # type: ignore[misc]  # read-only
     assert_type(bucket_capacity(n), int)
     assert_type(bucket_capacity(np.int32(n)), int)
+    assert_type(orphaned_buffers(), int)
 
 
 def check_stats(pool: BucketPool) -> None:
