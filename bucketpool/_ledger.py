@@ -2,7 +2,9 @@
 
 A buffer's ``token`` says where it is: cached (0), held (> 0), parked (< 0), returning (in
 its bucket's inbox) or freed.  Each change of place is a *move*: one locked section that
-calls nothing (docs/design.md, "A buffer's life", "The locking rule").
+calls nothing (docs/design.md, "A buffer's life", "The locking rule").  A move that lets go
+of a holder's events keeps them in a local (``_dropped``) until the lock is let go, so that
+no event's finaliser runs under it.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class Ledger:
                 buffer = parked[0]
                 if buffer is None or buffer.bucket is not bucket or not self.plain:
                     return EMPTY  # spent since (or not ours to take)
+                _dropped = parked[1], buffer.events  # kept until the lock is let go (finalisers)
                 parked[0] = parked[1] = None
                 try:
                     if self.young[index] is parked:
@@ -215,6 +218,7 @@ class Ledger:
             else:
                 queued = entry
             buffer, token, state, cost = queued
+            _dropped = buffer.events  # kept until the lock is let go (finalisers)
             if buffer.token != token:
                 if entry is None:
                     del inbox[0]
@@ -327,6 +331,7 @@ class Ledger:
                 pass
             if buffer is None:
                 return None
+            _dropped = record[1], buffer.events  # kept until the lock is let go (finalisers)
             record[0] = record[1] = None
             bucket = buffer.bucket
             k = bucket.index

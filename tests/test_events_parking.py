@@ -20,6 +20,7 @@ from bucketpool import (
     CompletionEvent,
     DebugLevel,
     ReleaseError,
+    _lock,
     orphaned_buffers,
 )
 from bucketpool._ledger import Ledger
@@ -1212,3 +1213,42 @@ def test_synchronize_takes_any_number_of_seconds() -> None:
     handle.release()
     pool.synchronize(timeout=10**400)  # as long as it takes: the event is done now
     assert pool.stats().parked == 0
+
+
+class Finalised:
+    """An event whose finaliser notes whether this thread held the pool's lock as it went."""
+
+    def __init__(self, seen: list[bool], done: bool) -> None:
+        self.seen, self.done = seen, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def __del__(self) -> None:
+        self.seen.append(_lock.owned())
+
+
+def test_no_events_finaliser_runs_under_the_lock() -> None:
+    seen: list[bool] = []
+    gc.disable()  # reference counting lets each event go where the pool lets go of it
+    try:
+        pool = BucketPool(max_cached_per_bucket=1)
+        tight = BucketPool(max_cached_per_bucket=0)  # its retiring buffers are freed
+        for retire in ("collect", "acquire", "free"):  # a parked buffer retires (a move each)
+            handle = (tight if retire == "free" else pool).acquire(64)
+            event = Finalised(seen, done=False)
+            handle.record_event(event)
+            handle.release()
+            event.done = True
+            del event
+            if retire == "acquire":
+                pool.acquire(64).release()  # takes the parked buffer, its events done
+            else:
+                assert (tight if retire == "free" else pool).collect() == 1
+        handle = pool.acquire(64)  # a hand-out's done event goes as the release caches it
+        handle.record_event(Finalised(seen, done=True))
+        handle.release()
+        del handle
+    finally:
+        gc.enable()
+    assert seen == [False] * 4
