@@ -16,9 +16,9 @@ GPU host pays whatever its copies cost.
   and 1-4 loads a step, each of 1-8 blocks of 64 B, or of 16-256 blocks of 8 KiB, at
   ascending ids with gaps (a fragmented cache: most blocks are a descriptor of their
   own); each copy runs as it is submitted.
-- ``host-kv``: the KV-offload handlers (``transfer_async`` of a store or a load of
-  log-uniform 1-512 blocks over 4 tensors, the device running copies until 1-3 are left
-  in flight, then ``get_finished``).
+- ``host-kv``: the KV-offload handlers (the worker's ``submit_store`` or ``submit_load``,
+  whose handler's ``transfer_async`` copies log-uniform 1-512 blocks over 4 tensors, the
+  device running copies until 1-3 are left in flight, then ``get_finished``).
 
 Each case also times vLLM's copy against itself, as a control (``vllm/vllm``), and the
 installed copy with vLLM's op unwrapped during its steps (``unrecorded``): the difference,
