@@ -317,6 +317,21 @@ def swap_blocks_batch(
     device().submit(lambda: testing.swap_blocks_batch(src, dst, size))
 
 
+def _triton_swap_blocks_batch(
+    src_addrs: torch.Tensor,
+    dst_addrs: torch.Tensor,
+    sizes: torch.Tensor,
+    is_src_access_order_any: bool = False,
+    *,
+    bytes_per_chunk: int = 0,
+) -> None:
+    """The KV offload's Triton ``swap_blocks_batch`` on the stand-in: the same host copy.
+
+    A function of its own, as vLLM's is, so that what wraps one op and not the other shows.
+    """
+    swap_blocks_batch(src_addrs, dst_addrs, sizes, is_src_access_order_any)
+
+
 class _ConnectorMetadata:
     """Stand-in base of vLLM's connector metadata dataclasses."""
 
@@ -458,7 +473,7 @@ def install_kv_standin(
         "vllm.distributed.device_communicators.cuda_wrapper": {"CudaRTLibrary": _CudaRTLibrary},
         "vllm.v1.kv_offload.cpu.swap_blocks_triton": {
             "THRESHOLD_BYTES": 1 << 20,
-            "swap_blocks_batch": swap_blocks_batch,
+            "swap_blocks_batch": _triton_swap_blocks_batch,
         },
     }
     for name in _KV_BARE_PACKAGES:

@@ -170,6 +170,9 @@ class Buffer:
         if base.data_ptr() != self.address:
             self.address = base.data_ptr()
             self.arrays_ = _fields(base)
+            ledger = self.ledger()
+            if ledger is not None:  # filed by address: what a copy op is given is found
+                ledger.refile(self)
         self.views, self.lent, self.lent_sets = {}, [None, None], 0
         self.version = base._version
 

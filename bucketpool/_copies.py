@@ -1,11 +1,12 @@
 """Copies bucketpool sees begin, and the releases that come before they end (issue 35).
 
 A copy op that bucketpool wraps (`recording`: ``bucketpool.vllm.install()`` wraps vLLM's
-``swap_blocks_batch``; `bucketpool.testing.HostDevice` is one) records an end event right
-after each copy whose descriptors a pool handed out, on the stream the copy ran on, and adds
-it to that hand-out's events (`copied`).  A release before it is done parks the buffer until
-it is, at every level: the next holder cannot overwrite what the copy reads.  `early` then
-reports it: once per pair of lines at ``checks``, as `ReleaseError` at ``strict``.
+``swap_blocks_batch``; `bucketpool.testing.HostDevice` is one) adds a pending `Copy` to the
+events of the hand-out whose descriptors it reads before the op runs (`begun`), and gives
+it the copy's end event once the op returned, recorded on the stream the copy ran on.  A
+release before that event is done parks the buffer until it is, at every level: the next
+holder cannot overwrite what the copy reads.  `early` then reports it: once per pair of
+lines at ``checks``, as `ReleaseError` at ``strict``.
 """
 
 from __future__ import annotations
@@ -21,68 +22,102 @@ import torch
 from bucketpool import _debug
 from bucketpool._errors import InFlightReleaseWarning, ReleaseError
 
-__all__ = ["LEDGERS", "Copy", "copied", "early", "recording"]
+__all__ = ["DONE", "LEDGERS", "Copy", "begun", "early", "recording"]
 
 _Op = TypeVar("_Op", bound=Callable[..., Any])
 Event = Any  # a `CompletionEvent` (`_views` is not imported: the import chain stays short)
-#: Every pool's ledger in the process (`_ledger.Ledger`): where `copied` looks a tensor up.
+#: Every pool's ledger in the process (`_ledger.Ledger`): where `begun` looks a tensor up.
 LEDGERS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @final
 class Copy:
-    """An end event bucketpool recorded after a copy (`copied`), and where the copy began."""
+    """A copy of a hand-out's descriptors that bucketpool saw begin (`begun`), and where.
+
+    Pending until its end event, set once the op returned (``event``: None until then),
+    reports done: a release meanwhile parks the buffer however the op and the release race.
+    """
 
     __slots__ = ("event", "site")
 
-    def __init__(self, event: Event, site: _debug.Site) -> None:
-        self.event, self.site = event, site
+    def __init__(self, site: _debug.Site) -> None:
+        self.event: Event | None = None
+        self.site = site
 
     def query(self) -> bool:
         """Whether the copy has ended."""
-        return bool(self.event.query())
+        event = self.event  # (read once: the op's thread sets it)
+        return event is not None and bool(event.query())
 
     def synchronize(self) -> None:
         """Wait for the copy to end where its event can wait (the pool then polls `query`)."""
-        if callable(getattr(self.event, "synchronize", None)):
-            self.event.synchronize()
+        event = self.event
+        if event is not None and callable(getattr(event, "synchronize", None)):
+            event.synchronize()
 
 
-def copied(tensor: torch.Tensor, end: Callable[[], Event | None], site: _debug.Site) -> bool:
-    """A copy reading *tensor* just began: record ``end()`` on its hand-out, if a pool's.
+@final
+class _Done:
+    """The end event of a copy that is over (or never began)."""
+
+    def query(self) -> bool:
+        return True
+
+
+DONE = _Done()
+
+
+def begun(tensor: torch.Tensor, site: _debug.Site) -> Copy | None:
+    """A copy reading *tensor* is about to begin: a pending `Copy` on its hand-out, if a pool's.
 
     *tensor* is a descriptor field a pool handed out, from its first entry (as
-    ``bufs.src_ptrs[:count]`` is); *end* records the copy's end event (None: the copy is
-    over); *site* is where the copy began (`_debug.site`).  Returns whether it recorded one.
+    ``bufs.src_ptrs[:count]`` is); *site* is where the copy begins (`_debug.site`).  The
+    caller sets the copy's ``event`` once the copy was submitted (`DONE`: none to wait for).
     """
     key = tensor.data_ptr()
-    for ledger in [*LEDGERS]:
+    while True:
+        try:
+            ledgers = [*LEDGERS]
+            break
+        except RuntimeError:  # another thread made or dropped a pool as it was copied: again
+            continue
+    for ledger in ledgers:
         buffer = ledger.registry.get(key)  # (a hint: the record decides)
         if buffer is not None:
-            token = buffer.token
-            event = end() if token > 0 else None
-            return event is not None and buffer.record(token, Copy(event, site))
-    return False
+            token, copy = buffer.token, Copy(site)
+            try:
+                return copy if token > 0 and buffer.record(token, copy) else None
+            except BaseException:  # (strict's in-flight write): the copy will not begin
+                copy.event = DONE
+                raise
+    return None
 
 
-def recording(op: _Op) -> _Op:
-    """Wrap *op*, vLLM's ``swap_blocks_batch`` (the descriptors first): see `copied`."""
+def recording(op: _Op, end: Callable[[], Event] | None = None) -> _Op:
+    """Wrap *op*, vLLM's ``swap_blocks_batch`` (the descriptors first), as `begun` says.
+
+    After the op (also one that raised: a part of its copies may have begun), ``end()``
+    records the copy's end event: by default a ``torch.Event`` on the current stream.
+    """
+    record_end = _end_event if end is None else end
 
     @functools.wraps(op)
-    def swap_blocks_batch(src_ptrs: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        result = op(src_ptrs, *args, **kwargs)
-        if isinstance(src_ptrs, torch.Tensor):  # (else the op raised)
-            copied(src_ptrs, _end_event, _debug.site(False))
-        return result
+    def swap_blocks_batch(src_ptrs: object, *args: Any, **kwargs: Any) -> Any:
+        copy = begun(src_ptrs, _debug.site(False)) if isinstance(src_ptrs, torch.Tensor) else None
+        try:
+            return op(src_ptrs, *args, **kwargs)
+        finally:
+            if copy is not None:  # (if recording raises, it stays pending: parked for good)
+                copy.event = record_end()
 
     return cast("_Op", swap_blocks_batch)
 
 
-def _end_event() -> Event | None:
-    """An event recorded now on the current stream; None on the CPU (its copies are over)."""
+def _end_event() -> Event:
+    """An event recorded now on the current stream; `DONE` on the CPU (its copies are over)."""
     event = torch.Event()
     if getattr(event, "device", None) == _CPU:
-        return None
+        return DONE
     event.record()
     return event
 
@@ -90,8 +125,12 @@ def _end_event() -> Event | None:
 _CPU = torch.device("cpu")
 
 
-def early(pool: Any, buffer: Any, pending: list[Any]) -> ReleaseError | None:
-    """Report a release made while a copy bucketpool saw could still read (`Copy`)."""
+def early(pool: Any, buffer: Any, pending: list[Any]) -> Exception | None:
+    """Report a release made while a copy bucketpool saw could still read (`Copy`).
+
+    Returns the error for the release to raise: strict's `ReleaseError`, or the warning an
+    "error" filter turned into one (a with block's own exception keeps precedence).
+    """
     copies = [event for event in pending if type(event) is Copy]
     if not copies:
         return None
@@ -112,5 +151,8 @@ def early(pool: Any, buffer: Any, pending: list[Any]) -> ReleaseError | None:
     if key not in pool._reported:  # (this caller's own mistake: an "error" filter raises it)
         pool._reported.add(key)
         where = line or ("<unknown>", 0)
-        warnings.warn_explicit(message, InFlightReleaseWarning, *where, module="bucketpool")
+        try:
+            warnings.warn_explicit(message, InFlightReleaseWarning, *where, module="bucketpool")
+        except Warning as raised:  # an "error" filter
+            return raised
     return None

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from bucketpool._buffer import Bucket, Buffer
 from bucketpool._copies import LEDGERS
-from bucketpool._lock import LOCK
+from bucketpool._lock import LOCK, owned
 from bucketpool._views import CompletionEvent
 
 __all__ = [
@@ -184,6 +184,7 @@ class Ledger:
             ):
                 return False
             self.active, self.active_bytes = self.active - 1, active_bytes
+            _dropped = buffer.events  # kept until the lock is let go (finalisers)
             buffer.view_bytes = cost  # counted while it is idle
             self.view_bytes += cost
             if pending:
@@ -275,7 +276,8 @@ class Ledger:
                 outcome = "cached"
             else:
                 buffer.token, buffer.events = 0, None
-                del self.registry[buffer.key]
+                if buffer.key in self.registry and self.registry[buffer.key] is buffer:
+                    del self.registry[buffer.key]  # (else another's since: `refile`)
                 self.allocated[k] -= 1
                 self.allocations -= 1
                 self.allocated_bytes -= nbytes
@@ -313,7 +315,8 @@ class Ledger:
             del bucket.free[0]
             self.cached[k] -= 1
             self.view_bytes -= buffer.view_bytes
-            del self.registry[buffer.key]
+            if buffer.key in self.registry and self.registry[buffer.key] is buffer:
+                del self.registry[buffer.key]  # (else another's since: `refile`)
             self.allocated[k] -= 1
             self.allocations -= 1
             self.allocated_bytes -= bucket.nbytes
@@ -459,7 +462,33 @@ class Ledger:
         with LOCK:
             return [*bucket.free]  # the most recently released last
 
+    def refile(self, buffer: Buffer) -> None:
+        """File *buffer* under the address a holder moved its memory to (`Buffer._repair`).
+
+        From the verification, inside a move, the lock is this thread's already.
+        """
+        if owned():
+            _file(self.registry, buffer)
+        else:
+            self._refile(buffer)
+
+    def _refile(self, buffer: Buffer) -> None:
+        with LOCK:
+            registry = self.registry  # (as `_file`: a move calls nothing)
+            if buffer.key in registry and registry[buffer.key] is buffer:
+                del registry[buffer.key]
+            registry[buffer.address] = buffer
+            buffer.key = buffer.address
+
     def buffers(self) -> dict[int, Buffer]:
         """Every buffer not freed, by `Buffer.key` (a copy)."""
         with LOCK:
             return {**self.registry}
+
+
+def _file(registry: dict[int, Buffer], buffer: Buffer) -> None:
+    """File *buffer* in *registry* under its address, not its old one (the lock held)."""
+    if buffer.key in registry and registry[buffer.key] is buffer:
+        del registry[buffer.key]
+    registry[buffer.address] = buffer
+    buffer.key = buffer.address

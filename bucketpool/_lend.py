@@ -133,10 +133,11 @@ def give_back(handle: BufferHandle) -> bool:
     """
     buffer, token = handle._buffer, handle._token
     pool = handle._pool
+    seen = buffer.recorded  # first: an event recorded after it makes the move refuse
     if token <= 0 or buffer.token != token or buffer.events or pool._watching or owned():
         return False
     views = (len(buffer.views) + buffer.lent_sets) * VIEW_SET_BYTES
-    if not pool._ledger.give_back(buffer, token, None, views, buffer.recorded):
+    if not pool._ledger.give_back(buffer, token, None, views, seen):
         return False
     handle._token = 0
     if LATE:  # a finaliser that ran inside the move queued a release

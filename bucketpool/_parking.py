@@ -203,7 +203,7 @@ def _dropped(error: BaseException) -> None:
 
 
 def adopt(ledger: Ledger) -> bool:
-    """(a dropped pool's finaliser) Keep *ledger* while buffers are parked; free the rest.
+    """(a dropped pool's finaliser) Keep *ledger* while buffers are parked or held; free the rest.
 
     Returns whether it was kept.  Nothing else reaches a dropped pool's ledger, so it is
     changed here without the lock: its cached buffers go, what retires is freed (caps below
@@ -211,7 +211,8 @@ def adopt(ledger: Ledger) -> bool:
     """
     queued = [entry for bucket in ledger.buckets for entry in bucket.inbox if entry[1] > 0]
     events = [entry[0].events if isinstance(entry[2], str) else entry[2] for entry in queued]
-    if not ledger.parked_bytes and not [each for each in events if each]:  # none to park
+    held = ledger.active - len(queued)  # (a holder dying with its pool may park: kept)
+    if not (ledger.parked_bytes or held or [each for each in events if each]):
         return False
     ledger.max_cached_bytes = ledger.max_cached_per_bucket = -1
     ledger.old.extend(ledger.young)  # (here: a later call's few turns never pay for it)
@@ -225,7 +226,7 @@ def reap(every: bool = False) -> list[Ledger]:
     """Ask dropped pools' parked buffers; return the ledgers asked, what retired in their inboxes.
 
     A few of one dropped pool, the next in turn; with *every*, each of every one, once.  A
-    ledger with nothing parked or queued left is let go.
+    ledger with nothing parked, held or queued left is let go.
     """
     asked = []
     for _ in range(len(ORPHANS) if every else 1):
@@ -234,7 +235,7 @@ def reap(every: bool = False) -> list[Ledger]:
         except IndexError:  # another thread let the last one go
             break
         ORPHANS.rotate(-1)
-        if not ledger.parked_bytes and not [bucket for bucket in ledger.buckets if bucket.inbox]:
+        if not (ledger.parked_bytes or ledger.active or [b for b in ledger.buckets if b.inbox]):
             with contextlib.suppress(ValueError):  # another thread let it go
                 ORPHANS.remove(ledger)
             continue

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from bucketpool import _copies, _debug
+from bucketpool import _copies
 
 if typing.TYPE_CHECKING:
     from bucketpool._pool import BucketPool
@@ -146,6 +146,7 @@ class HostDevice:
     def __init__(self) -> None:
         self._queue: list[Callable[[], None] | None] = []
         self._done = 0
+        self._recorded = _copies.recording(self._queue_copy, end=self.event)  # as install()'s
 
     @property
     def submitted(self) -> int:
@@ -168,12 +169,16 @@ class HostDevice:
 
         The arguments are checked when the copy runs, as they are read then.
         """
+        return self._recorded(src_ptrs, dst_ptrs, sizes)
+
+    def _queue_copy(
+        self, src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: torch.Tensor
+    ) -> HostEvent:
         # The device reads the memory, whatever becomes of the views (strict's end with it).
         src, dst, size = (
             tensor.as_subclass(torch.Tensor) for tensor in (src_ptrs, dst_ptrs, sizes)
         )
         self._queue.append(lambda: swap_blocks_batch(src, dst, size))
-        _copies.copied(src_ptrs, self.event, _debug.site(False))
         return self.event()
 
     def run_to(self, position: int) -> None:

@@ -132,6 +132,8 @@ def install(*, kv_offload: bool = False, untested: bool = False) -> InstallResul
             _install_kv()
         if ec is not None:
             _install_ec(stale, *ec)
+        elif stale is not None:
+            _wrap_new_ops(stale)
     return InstallResult(installed=True, vllm_version=version, tested=tested)
 
 
@@ -290,6 +292,18 @@ def _missing_dependency(error: ModuleNotFoundError) -> ModuleNotFoundError:
         "replace torch)",
         name=error.name,
     )
+
+
+def _wrap_new_ops(record: _Installed) -> None:
+    """Wrap the copy ops imported since *record*'s install (the KV offload's Triton op)."""
+    global _installed
+    known = {id(each) for pair in record.ops for each in pair}
+    ops = tuple((op, _copies.recording(op)) for op in _copy_ops() if id(op) not in known)
+    rebindings = tuple(_rebindings(_vllm_modules(), ops))
+    for module, name, _, replacement in rebindings:
+        setattr(module, name, replacement)
+    _installed = attrs.evolve(record, bound=record.bound + rebindings, ops=record.ops + ops)
+    setattr(record.target, _RECORD, _installed)
 
 
 def _copy_ops() -> list[Callable[..., object]]:

@@ -28,13 +28,14 @@ def test_only_the_installed_arm_records_its_copies(
     case.setup()
     try:
         calls: list[bool] = []
-        original = _copies.copied
+        original = _copies.begun
 
-        def spy(*args: Any) -> bool:
-            calls.append(original(*args))
-            return calls[-1]
+        def spy(*args: Any) -> _copies.Copy | None:
+            copy = original(*args)
+            calls.append(copy is not None)
+            return copy
 
-        monkeypatch.setattr(_copies, "copied", spy)
+        monkeypatch.setattr(_copies, "begun", spy)
         for _ in range(2):
             case.round()
         figures = case.measurements()

@@ -9,15 +9,23 @@ once per pair of lines, naming both; ``strict`` raises `ReleaseError` after park
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import pathlib
+import sys
+import threading
+import types
 import warnings
+import weakref
+from typing import Any
 
 import pytest
 import torch
 
 from bench._original import OriginalDescriptorBufferPool
-from bucketpool import BucketPool, DebugLevel, InFlightReleaseWarning, ReleaseError
-from bucketpool.compat import AliasedDescriptorBufferPool
-from bucketpool.testing import HostDevice
+from bucketpool import BucketPool, DebugLevel, InFlightReleaseWarning, ReleaseError, _copies, _lend
+from bucketpool.compat import AliasedDescriptorBufferPool, DescriptorBufferPool
+from bucketpool.testing import HostDevice, swap_blocks_batch
 
 PAGE = 64
 
@@ -133,3 +141,173 @@ def test_a_strict_compat_release_too_early_is_released_and_says_why(
     assert torch.equal(dst, src)
     assert adapter.pool.collect() == 1
     assert adapter.pool.outstanding() == []
+
+
+# -- the seventh review's finds -------------------------------------------------------------
+
+
+def queued_op(device: HostDevice) -> Any:
+    """vLLM's op over *device*: it queues the copy; the copy reads the descriptors later."""
+
+    def op(src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
+        fields = [tensor.as_subclass(torch.Tensor) for tensor in (src, dst, sizes)]
+        device._queue.append(lambda: swap_blocks_batch(*fields))
+
+    return op
+
+
+def test_a_copy_recorded_as_a_compat_release_begins_parks_it() -> None:
+    # The release's fast path read the events, then what was recorded: a copy recorded
+    # between the two (another thread's op) was dropped, and the buffer cached under it.
+    adapter = DescriptorBufferPool()
+    bufs = adapter.acquire(8)
+    wrapped = _copies.recording(queued_op(HostDevice()), end=lambda: Pending())
+    code = _lend.give_back.__code__
+    line = next(
+        number
+        for number, text in enumerate(inspect.getsource(_lend).splitlines(), 1)
+        if text.strip().startswith("views = (len(buffer.views)")
+    )
+
+    def tracer(frame: types.FrameType, event: str, arg: object) -> Any:
+        if frame.f_code is not code:
+            return None
+
+        def local(frame: types.FrameType, event: str, arg: object) -> Any:
+            if event == "line" and frame.f_lineno == line and not recorded:
+                recorded.append(wrapped(*bufs))  # "another thread" copies now
+            return local
+
+        return local
+
+    recorded: list[None] = []
+    sys.settrace(tracer)
+    try:
+        adapter.release(bufs)
+    finally:
+        sys.settrace(None)
+    assert recorded == [None]  # the copy began inside the release
+    assert adapter.pool.stats().parked == 1  # out of reuse while the copy may read it
+
+
+class Pending:
+    def query(self) -> bool:
+        return False
+
+
+def test_a_release_racing_the_op_in_another_thread_parks_and_blames_the_release() -> None:
+    pool, device = BucketPool(debug="checks"), HostDevice()
+    queued, go = threading.Event(), threading.Event()
+    op = queued_op(device)
+
+    def slow(src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
+        op(src, dst, sizes)
+        queued.set()  # the copy is queued; the driver call returns a while later
+        go.wait(10)
+
+    wrapped = _copies.recording(slow, end=device.event)
+    src, dst = pages(1), torch.zeros(PAGE, dtype=torch.uint8)
+    early = pool.acquire(1)
+    early.add_copies(0, [src.data_ptr()], [dst.data_ptr()], PAGE)
+    thread = threading.Thread(target=wrapped, args=tuple(early.buffers))
+    thread.start()
+    queued.wait(10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        early.release()  # RACE: the copy began; its op has not returned
+        assert pool.stats().parked == 1
+        with pool.acquire(1) as bufs:  # the next step: another buffer
+            bufs.add_copies(0, [1], [1], 0)
+        go.set()
+        thread.join()
+    device.drain()
+    assert torch.equal(dst, src)
+    (warning,) = [w for w in caught if issubclass(w.category, InFlightReleaseWarning)]
+    lines = pathlib.Path(__file__).read_text(encoding="utf-8").splitlines()
+    assert warning.lineno == next(i for i, text in enumerate(lines, 1) if "# RACE:" in text)
+
+
+def test_a_signal_out_of_the_op_still_parks_what_it_queued() -> None:
+    pool, device = BucketPool(), HostDevice()
+    op = queued_op(device)
+
+    def interrupted(src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
+        op(src, dst, sizes)
+        raise KeyboardInterrupt  # Ctrl-C once the copy was queued
+
+    wrapped = _copies.recording(interrupted, end=device.event)
+    src, dst = pages(1), torch.zeros(PAGE, dtype=torch.uint8)
+
+    def step() -> None:
+        with pool.acquire(1) as bufs:
+            end = bufs.add_copies(0, [src.data_ptr()], [dst.data_ptr()], PAGE)
+            wrapped(*bufs.shrink(end))
+
+    with pytest.raises(KeyboardInterrupt):
+        step()
+    assert pool.stats().parked == 1
+    overwrite_next(pool)
+    device.drain()
+    assert torch.equal(dst, src)
+    assert pool.collect() == 1  # its end event was recorded all the same: back once done
+
+
+def test_a_with_blocks_error_keeps_precedence_over_an_error_filters_warning() -> None:
+    pool, device = BucketPool(debug="checks"), HostDevice()
+    src, dst = pages(1), torch.zeros(PAGE, dtype=torch.uint8)
+
+    def step() -> None:
+        with pool.acquire(1) as bufs:
+            end = bufs.add_copies(0, [src.data_ptr()], [dst.data_ptr()], PAGE)
+            device.swap_blocks_batch(*bufs.shrink(end))
+            raise ValueError("the block's own error")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InFlightReleaseWarning)
+        with pytest.raises(ValueError, match="the block's own") as raised:
+            step()
+    assert "InFlightReleaseWarning" in "".join(raised.value.__notes__)
+    assert pool.stats().parked == 1
+    device.drain()
+
+
+@pytest.mark.parametrize("level", ["off", "checks", "strict"])
+def test_a_buffer_whose_memory_a_holder_moved_is_still_found(level: DebugLevel) -> None:
+    pool, device = BucketPool(debug=level), HostDevice()
+    with pool.acquire(4) as bufs:
+        bufs.src_ptrs.share_memory_()  # type: ignore[no-untyped-call]  # the memory moves (the pool's arrays follow it)
+    release_early = contextlib.nullcontext() if level != "strict" else pytest.raises(ReleaseError)
+    src, dst = pages(4), torch.zeros(4 * PAGE, dtype=torch.uint8)
+    with warnings.catch_warnings(), release_early:
+        warnings.simplefilter("ignore", InFlightReleaseWarning)
+        release_at_once(pool, device, src, dst)
+    assert pool.stats().parked == 1
+    overwrite_next(pool)
+    device.drain()
+    assert torch.equal(dst, src)
+    assert pool.collect() == 1
+    assert pool.outstanding() == []
+
+
+def test_a_pool_made_as_a_copy_is_looked_up_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Changing(weakref.WeakSet[Any]):
+        """The ledgers, changed by another thread the first time they are copied."""
+
+        def __iter__(self) -> Any:
+            if not turns:
+                turns.append(1)
+                raise RuntimeError("Set changed size during iteration")
+            return super().__iter__()
+
+    turns: list[int] = []
+    ledgers = Changing(_copies.LEDGERS)
+    monkeypatch.setattr(_copies, "LEDGERS", ledgers)
+    pool = BucketPool()
+    ledgers.add(pool._ledger)
+    with pool.acquire(1) as bufs:
+        copy = _copies.begun(bufs.src_ptrs, None)
+        assert copy is not None  # found the second time
+        copy.event = _copies.DONE
+    assert turns == [1]

@@ -19,6 +19,7 @@ from bucketpool import (
     BufferHandle,
     CompletionEvent,
     DebugLevel,
+    LeakWarning,
     ReleaseError,
     _lock,
     orphaned_buffers,
@@ -1252,3 +1253,36 @@ def test_no_events_finaliser_runs_under_the_lock() -> None:
     finally:
         gc.enable()
     assert seen == [False] * 4
+
+
+def test_a_pool_collected_with_a_holder_keeps_what_the_holder_parks(
+    orphans: collections.deque[Ledger],
+) -> None:
+    # The collector may finalise the pool before the holder: the holder's release parks
+    # after the pool's end, in a ledger that must be kept until the copy is done.
+    class Worker:
+        pass
+
+    event = FlagEvent()
+    gc.disable()
+    try:
+        worker = Worker()
+        worker.pool = BucketPool()  # type: ignore[attr-defined]
+        worker.handle = worker.pool.acquire(1024)  # type: ignore[attr-defined]
+        worker.handle.record_event(event)  # type: ignore[attr-defined]
+        worker.me = worker  # type: ignore[attr-defined]  # a cycle: both go together
+        del worker
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LeakWarning)  # the holder was dropped unreleased
+            gc.collect()
+    finally:
+        gc.enable()
+    (ledger,) = orphans
+    (buffer,) = ledger.registry.values()
+    assert buffer.token < 0  # parked, its memory kept while the copy may read it
+    assert orphaned_buffers() == 1
+    event.done = True
+    BucketPool()  # a new pool asks every kept buffer
+    assert orphaned_buffers() == 0
+    BucketPool()
+    assert not orphans

@@ -57,13 +57,14 @@ def package_graph() -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
-def test_no_module_is_over_480_lines(path: pathlib.Path) -> None:
-    # 450, and 30 more for the ledger, which holds every move (the lock is taken nowhere
-    # else) and grew with the parking fixes: a room by concept, not packed to fit a cap.
-    assert len(path.read_text().splitlines()) <= 480
+def test_no_module_is_over_500_lines(path: pathlib.Path) -> None:
+    # 450, and 50 more for the ledger, which holds every move (the lock is taken nowhere
+    # else) and grew with the parking fixes and the registry's refiling of moved memory:
+    # a room by concept, not packed to fit a cap.
+    assert len(path.read_text().splitlines()) <= 500
 
 
-def test_the_package_is_at_most_4710_lines() -> None:
+def test_the_package_is_at_most_4790_lines() -> None:
     # 3,600 for the EC pool and its drop-in (issue 23); 350 more for serving vLLM's other
     # swap_blocks_batch callers, the KV-offload handlers and HiSparse (issue 28); 200 more
     # for the adapters' own hand-out (`_lend`), free in vLLM's real step (issue 32), and
@@ -74,8 +75,10 @@ def test_the_package_is_at_most_4710_lines() -> None:
     # nothing, a class in place of vLLM's pool that vLLM's code and plugins can subclass,
     # the vLLM versions it was tested with and a record of what it did, and the vLLM plugin
     # that runs it in every process; 230 to catch a release while a copy reads (issue 35:
-    # the registry by address, `_copies`, the op install() wraps, `testing.HostDevice`).
-    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4710
+    # the registry by address, `_copies`, the op install() wraps, `testing.HostDevice`); 80
+    # for the seventh review's fixes (a copy pending on its hand-out before the op runs,
+    # dropped pools kept for their holders, moved memory refiled, late ops wrapped).
+    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4790
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)

@@ -52,13 +52,14 @@ def standin_vllm(
 def recorded(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Whether each copy the installed op saw was recorded on a hand-out."""
     seen: list[bool] = []
-    original = _copies.copied
+    original = _copies.begun
 
-    def spy(*args: Any) -> bool:
-        seen.append(original(*args))
-        return seen[-1]
+    def spy(*args: Any) -> _copies.Copy | None:
+        copy = original(*args)
+        seen.append(copy is not None)
+        return copy
 
-    monkeypatch.setattr(_copies, "copied", spy)
+    monkeypatch.setattr(_copies, "begun", spy)
     return seen
 
 
@@ -187,3 +188,22 @@ def test_install_wraps_vllms_copy_op_where_it_is_bound_and_uninstall_unwraps_it(
     assert worker.swap_blocks_batch is original
     assert ops.swap_blocks_batch is original
     assert late.swap_blocks_batch is original
+
+
+@pytest.mark.parametrize("two_calls", [False, True], ids=["one-call", "two-calls"])
+def test_the_kv_offloads_triton_op_is_wrapped_however_install_is_called(
+    standin_vllm: pytest.MonkeyPatch, two_calls: bool
+) -> None:
+    name = "vllm.v1.kv_offload.cpu.swap_blocks_triton"
+    triton = sys.modules[name]
+    original = triton.swap_blocks_batch
+    assert original is not sys.modules["vllm._custom_ops"].swap_blocks_batch
+    if two_calls:  # BUCKETPOOL_VLLM=ec, then a KV worker's import: Triton's module comes late
+        standin_vllm.delitem(sys.modules, name)
+        assert bucketpool_vllm.install().installed
+        standin_vllm.setitem(sys.modules, name, triton)
+    assert bucketpool_vllm.install(kv_offload=True).installed  # imports the KV worker
+    bound = sys.modules[standin.KV_WORKER].swap_blocks_batch
+    assert bound.__wrapped__ is original
+    bucketpool_vllm.uninstall()
+    assert sys.modules[standin.KV_WORKER].swap_blocks_batch is original
