@@ -7,8 +7,9 @@ EC CPU worker and KV-offload worker tests (those `test_vllm_tests` runs, through
 pool, and with bucketpool's factory set by bucketpool's general plugin, which rebinds
 nothing.  vLLM's default pool and bucketpool's both keep a buffer released with an end event
 out of reuse until the event is done, retire it on ``collect()``, and let go of everything on
-``shutdown()``.  Skipped without vLLM 0.34.0, unless ``$BUCKETPOOL_VLLM_SITE`` is set: then
-the tests fail.
+``shutdown()``; the patched HiSparse worker (whose tests vLLM's sdist lacks) spills through
+either.  Skipped without vLLM 0.34.0, unless ``$BUCKETPOOL_VLLM_SITE`` is set: then the
+tests fail.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import _vllm_standin as standin
+import numpy as np
 import pytest
+import test_vllm_hisparse as spill
 import torch
 from test_vllm_tests import FILES, outcomes, vllms_own
 
 from bucketpool._hook import HookPool
+from bucketpool.testing import swap_blocks_batch
 from bucketpool.vllm import descriptor_pool_factory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,7 +161,7 @@ def hook(patched: Path) -> Iterator[types.ModuleType]:
 
 
 class EndEvent:
-    """A copy's end event: done once told, or once synchronized; counts its synchronizes."""
+    """A copy's end event: done once told, or synchronized (it counts them); records nothing."""
 
     def __init__(self, *, lost: bool = False) -> None:
         self.done = False
@@ -172,6 +176,9 @@ class EndEvent:
     def synchronize(self) -> None:
         self.synchronized += 1
         self.done = True
+
+    def record(self, stream: object = None) -> None:
+        pass
 
 
 def make_pool(hook: types.ModuleType, which: str, aliased: bool) -> Any:
@@ -276,3 +283,72 @@ def test_shutdown_waits_for_parked_buffers_and_drops_every_buffer(
 
     assert pending.synchronized == 1
     assert holds_nothing(pool)
+
+
+class Stream:
+    """A stream of the HiSparse worker's: a context; nothing to wait for on the host."""
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def wait_stream(self, stream: object) -> None:
+        pass
+
+
+@POOLS
+def test_the_patched_hisparse_worker_spills_through_its_pool(
+    hook: types.ModuleType, which: str, patched: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in spill.IMPORTS[1:]:  # (vLLM itself is the stand-in's, over the patched copy)
+        monkeypatch.setitem(sys.modules, name, spill._Stand(name))
+    path = patched / "vllm" / spill.WORKER
+    found = importlib.util.spec_from_file_location("_patched_hisparse_worker", path)
+    assert found is not None
+    assert found.loader is not None
+    module = importlib.util.module_from_spec(found)
+    monkeypatch.setitem(sys.modules, found.name, module)
+    found.loader.exec_module(module)
+    monkeypatch.setattr(torch, "Event", EndEvent)  # done when the test says
+    monkeypatch.setattr(torch.accelerator, "current_stream", Stream)
+    rng = np.random.default_rng(5)
+    vars(module).setdefault("_allocate_dma_descriptors", None)  # (make_worker reads it; unused)
+    worker = spill.make_worker(module, rng)
+    worker._dma_descriptor_pool = make_pool(hook, which, aliased=True)
+    copied: list[int] = []  # where each copy's descriptors are
+
+    def copy(src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
+        copied.append(src.data_ptr())
+        swap_blocks_batch(src, dst, sizes)
+
+    copies = types.SimpleNamespace(swap_blocks_batch=copy)
+    vars(worker).update(
+        dma_stream=Stream(), backend=copies, host_write_event=EndEvent(), _dma_submitted=False
+    )
+    vars(worker).update(_pending_transfer_events=[], _enqueued_transfer_ids=[])
+    methods = module.HiSparseConnectorWorker
+    for name in ("_acquire_dma_descriptors", "_submit_dma_descriptors"):
+        setattr(worker, name, getattr(methods, name).__get__(worker))
+    transfers = spill.make_transfers(rng, 3)
+
+    methods._enqueue_transfers(worker, transfers)  # acquire, fill, copy, release(end_event=)
+    [(event, ids)] = worker._pending_transfer_events
+
+    assert ids == (0, 1, 2)
+    for layer, handle in enumerate(worker.cache_handles):  # every page spilled
+        for transfer in transfers:
+            block = transfer.resident_block_ids[handle.runtime.resident_source_index]
+            row = transfer.host_block_id * spill.KERNEL_BLOCK_SIZE
+            host = worker.host_caches[layer][row : row + spill.KERNEL_BLOCK_SIZE]
+            assert torch.equal(host, worker.resident_caches[layer][block])
+    other = worker._acquire_dma_descriptors(15)
+    assert other.src_ptrs.data_ptr() != copied[0]  # the spill's buffer is parked
+    worker._dma_descriptor_pool.release(other)
+    event.done = True
+    methods._release_completed_dma_descriptors(worker)  # collect()
+    again = worker._acquire_dma_descriptors(15)
+    assert again.src_ptrs.data_ptr() == copied[0]  # retired, and reused
+    worker._dma_descriptor_pool.release(again)
+    worker._dma_descriptor_pool.shutdown()
