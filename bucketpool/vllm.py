@@ -1,10 +1,9 @@
-"""Put bucketpool's adapters in place of vLLM's ``DescriptorBufferPool``, and take them out.
+"""Serve vLLM's descriptor pools: `descriptor_pool_factory` for its hook, else `install`.
 
-vLLM is not a dependency of bucketpool: it is imported only when `install` runs.  The vLLM
-versions it was tested with are 0.33.0 and 0.34.0; on another, `install` installs nothing
-unless told to (``untested=True``), and says so in vLLM's log.  `plugin` is bucketpool's
-``vllm.general_plugins`` entry point: ``BUCKETPOOL_VLLM=ec`` turns `install` on in every
-process vLLM starts.
+`install` puts bucketpool's adapters in place of vLLM's ``DescriptorBufferPool``, `uninstall`
+takes them out; vLLM is imported only when they or `plugin` run.  `install` was tested with
+vLLM 0.33.0 and 0.34.0; on another it installs nothing unless told to (``untested=True``),
+and says so in vLLM's log.  `plugin` is bucketpool's ``vllm.general_plugins`` entry point.
 """
 
 from __future__ import annotations
@@ -24,10 +23,22 @@ from types import ModuleType
 import attrs
 import torch
 
-from bucketpool import _copies, _kv_offload, compat
+from bucketpool import _copies, _hook, _kv_offload, compat
+from bucketpool._hook import DescriptorPool, DescriptorSpec
+from bucketpool._kv_offload import _descriptors, _holder
+from bucketpool._pool import BucketPool
 from bucketpool.compat import _Adapter
 
-__all__ = ["InstallResult", "install", "installed", "plugin", "uninstall"]
+__all__ = [
+    "DescriptorPool",
+    "DescriptorSpec",
+    "InstallResult",
+    "descriptor_pool_factory",
+    "install",
+    "installed",
+    "plugin",
+    "uninstall",
+]
 
 _TESTED = ("0.33.0", "0.34.0")  # the vLLM versions bucketpool.vllm was tested with
 
@@ -138,12 +149,13 @@ def install(*, kv_offload: bool = False, untested: bool = False) -> InstallResul
 
 
 def plugin() -> None:
-    """Install as ``$BUCKETPOOL_VLLM`` says: vLLM runs it in every process it starts.
+    """Serve vLLM as ``$BUCKETPOOL_VLLM`` says: vLLM runs it in every process it starts.
 
     bucketpool's ``vllm.general_plugins`` entry point, named ``bucketpool`` (the name
     ``$VLLM_PLUGINS`` selects it by).  ``BUCKETPOOL_VLLM`` unset or empty: nothing;
-    ``ec``: `install`; ``ec,kv``: ``install(kv_offload=True)``.
-    ``BUCKETPOOL_VLLM_UNTESTED=1`` adds ``untested=True`` (unset or empty: not).
+    ``ec``: vLLM's EC CPU worker; ``ec,kv``: its KV-offload handlers too.  Through vLLM's
+    descriptor-pool hook where it has one (`descriptor_pool_factory`, nothing rebound), else
+    by `install` (``BUCKETPOOL_VLLM_UNTESTED=1``: ``untested=True``; unset or empty: not).
 
     Raises:
         ValueError: either variable holds another value; nothing was installed.
@@ -163,8 +175,31 @@ def plugin() -> None:
             "(install on a vLLM bucketpool was not tested with), or nothing (unset or empty)"
         )
     kv_offload = _PARTS[parts]
-    if kv_offload is not None:
+    if kv_offload is not None and (hook := _hook.find()) is not None:
+        hook.set_descriptor_pool_factory(_hook.serving(kv_offload, descriptor_pool_factory))
+    elif kv_offload is not None:
         install(kv_offload=kv_offload, untested=bool(untested))
+
+
+def descriptor_pool_factory(spec: DescriptorSpec) -> DescriptorPool:
+    """Return a new pool, over its own `BucketPool`, for the vLLM call site *spec* describes.
+
+    The factory for vLLM's hook (docs/upstream.md): ``set_descriptor_pool_factory(this)``
+    serves every call site; `plugin` sets one that serves those ``$BUCKETPOOL_VLLM`` names.
+
+    Raises:
+        TypeError: *spec* asks for a dtype other than int64 and uint64.
+        ValueError: *spec* asks for pinned six-field descriptors (bucketpool pins triples).
+        RuntimeError: *spec* asks for pinned memory where torch can pin none.
+    """
+    dtype = _hook.check(spec)
+    if spec.aliased:
+        adapter = compat.AliasedDescriptorBufferPool(dtype=dtype)
+        lent = compat.AliasedDescriptorBuffers
+        return _hook.HookPool(spec, adapter.pool, adapter.acquire, adapter.release, lent)
+    pool = BucketPool(dtype=dtype, pin_memory=spec.pin_memory)
+    give_back = functools.partial(_hook.give_back, _holder)
+    return _hook.HookPool(spec, pool, functools.partial(_descriptors, pool), give_back)
 
 
 def _install_kv() -> None:

@@ -8,6 +8,7 @@ place through its ``monkeypatch``, which undoes it.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,11 @@ from bench._vllm_host import (
     vllm_version,
 )
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the tests run on 3.11 and later
+    tomllib = pytest.importorskip("tomli")
+
 __all__ = [
     "DEFAULT_SITE",
     "KV_WORKER",
@@ -41,6 +47,7 @@ __all__ = [
     "HostStream",
     "device",
     "device_tensor",
+    "distribution",
     "install_kv_standin",
     "install_standin",
     "site_params",
@@ -51,6 +58,26 @@ __all__ = [
 ]
 
 _NONE = "no vLLM: run .ci/setup (see docs/development.md)"
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def distribution(directory: Path) -> Path:
+    """Write into *directory* bucketpool's ``.dist-info``, entry points from pyproject.toml.
+
+    vLLM's plugin loader finds bucketpool's entry point there (the shared ``.venv`` may hold
+    a ``.dist-info`` installed before the entry point was declared).
+    """
+    project = tomllib.loads((_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    info = directory / f"bucketpool-{project['version']}.dist-info"
+    info.mkdir()
+    metadata = f"Metadata-Version: 2.1\nName: bucketpool\nVersion: {project['version']}\n"
+    (info / "METADATA").write_text(metadata, encoding="utf-8")
+    groups = [
+        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in points.items())
+        for group, points in project["entry-points"].items()
+    ]
+    (info / "entry_points.txt").write_text("\n".join(groups), encoding="utf-8")
+    return directory
 
 
 def site_params() -> list[object]:

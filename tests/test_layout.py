@@ -64,7 +64,7 @@ def test_no_module_is_over_500_lines(path: pathlib.Path) -> None:
     assert len(path.read_text().splitlines()) <= 500
 
 
-def test_the_package_is_at_most_4790_lines() -> None:
+def test_the_package_is_at_most_5050_lines() -> None:
     # 3,600 for the EC pool and its drop-in (issue 23); 350 more for serving vLLM's other
     # swap_blocks_batch callers, the KV-offload handlers and HiSparse (issue 28); 200 more
     # for the adapters' own hand-out (`_lend`), free in vLLM's real step (issue 32), and
@@ -77,8 +77,10 @@ def test_the_package_is_at_most_4790_lines() -> None:
     # that runs it in every process; 230 to catch a release while a copy reads (issue 35:
     # the registry by address, `_copies`, the op install() wraps, `testing.HostDevice`); 80
     # for the seventh review's fixes (a copy pending on its hand-out before the op runs,
-    # dropped pools kept for their holders, moved memory refiled, late ops wrapped).
-    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 4790
+    # dropped pools kept for their holders, moved memory refiled, late ops wrapped); 260
+    # for vLLM's descriptor-pool hook, served without rebinding (issue 35, part 2: `_hook`,
+    # its protocols, `descriptor_pool_factory`, the plugin's choice).
+    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 5050
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
@@ -111,7 +113,7 @@ def test_a_longest_chain_is_found() -> None:
     assert longest_chain({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("name", ["_kv_offload.py", "compat.py", "vllm.py"])
+@pytest.mark.parametrize("name", ["_hook.py", "_kv_offload.py", "compat.py", "vllm.py"])
 def test_the_adapters_reach_no_private_member_of_another_modules_class(name: str) -> None:
     # They use the pool's public API and the functions the core offers them: a private
     # name is read only on this module's own objects (self, its classes), if one of its

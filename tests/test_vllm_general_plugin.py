@@ -22,13 +22,9 @@ from pathlib import Path
 
 import _vllm_standin as standin
 import pytest
+from _vllm_standin import distribution
 
 import bucketpool.vllm as bucketpool_vllm
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - the tests run on 3.11 and later
-    tomllib = pytest.importorskip("tomli")
 
 pytestmark = pytest.mark.skipif(
     standin.vllm_locations() is None,
@@ -42,21 +38,6 @@ VARIABLES = ("BUCKETPOOL_VLLM", "BUCKETPOOL_VLLM_UNTESTED", "VLLM_PLUGINS")
 
 def _vllm_names() -> set[str]:
     return {name for name in sys.modules if name == "vllm" or name.startswith("vllm.")}
-
-
-def distribution(directory: Path) -> Path:
-    """Write into *directory* bucketpool's ``.dist-info``, entry points from pyproject.toml."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    info = directory / f"bucketpool-{project['version']}.dist-info"
-    info.mkdir()
-    metadata = f"Metadata-Version: 2.1\nName: bucketpool\nVersion: {project['version']}\n"
-    (info / "METADATA").write_text(metadata, encoding="utf-8")
-    groups = [
-        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in points.items())
-        for group, points in project["entry-points"].items()
-    ]
-    (info / "entry_points.txt").write_text("\n".join(groups), encoding="utf-8")
-    return directory
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ skip), with the same outcome for every test.  A vLLM's test files are the ``test
 directory beside its site (``.vllm/tests`` beside ``.vllm/site``, ``.vllm/0.33.0/tests``
 beside ``.vllm/0.33.0/site``), fetched from its sdist by ``.ci/setup``; without them its
 runs skip, unless ``$BUCKETPOOL_VLLM_SITE`` names the site (``.ci/run`` does): then they
-fail.
+fail.  ``test_vllm_upstream.py`` runs them on vLLM with ``upstream/``'s patch the same way.
 """
 
 from __future__ import annotations
@@ -31,14 +31,21 @@ FILES = {
 }
 
 
-def outcomes(site: Path, test_file: Path, install: str, report: Path) -> dict[str, str]:
-    """Run vLLM's *test_file* through `vllm_plugin`; return each test's outcome by name."""
+def outcomes(
+    site: Path, test_file: Path, install: str, report: Path, tests: Path | None = None
+) -> dict[str, str]:
+    """Run vLLM's *test_file* through `vllm_plugin`; return each test's outcome by name.
+
+    *tests* is the directory of vLLM's test files, by default ``tests`` beside *site*; the
+    run's `vllm_plugin.report` goes to *report* with ``.json`` for ``.xml``.
+    """
     env = {
         **os.environ,
         standin.SITE_VARIABLE: str(site),
-        vllm_plugin.TESTS_VARIABLE: str(site.parent / "tests"),
+        vllm_plugin.TESTS_VARIABLE: str(tests or site.parent / "tests"),
         "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
         vllm_plugin.INSTALL_VARIABLE: install,
+        vllm_plugin.REPORT_VARIABLE: str(report.with_suffix(".json")),
     }
     command = [sys.executable, "-m", "pytest", "-c", str(HERE.parent / "pyproject.toml")]
     command += ["-q", "-p", "no:cacheprovider", "-p", "vllm_plugin", f"--junitxml={report}"]
@@ -55,6 +62,16 @@ def outcomes(site: Path, test_file: Path, install: str, report: Path) -> dict[st
     return found
 
 
+_own: dict[tuple[Path, Path], dict[str, str]] = {}
+
+
+def vllms_own(site: Path, test_file: Path, directory: Path) -> dict[str, str]:
+    """The outcomes of vLLM's *test_file* on the vLLM in *site* itself: run once a session."""
+    if (site, test_file) not in _own:
+        _own[site, test_file] = outcomes(site, test_file, "", directory / "own.xml")
+    return _own[site, test_file]
+
+
 @pytest.mark.parametrize(("test_file", "install"), FILES.items())
 @pytest.mark.parametrize("site", standin.site_params())
 def test_vllms_own_tests_pass_the_same_with_the_drop_in(
@@ -65,7 +82,7 @@ def test_vllms_own_tests_pass_the_same_with_the_drop_in(
         if standin.SITE_VARIABLE not in os.environ:
             pytest.skip(f"no vLLM test files beside {site}: run .ci/setup")
         raise FileNotFoundError(f"{standin.SITE_VARIABLE}: no {path}; run .ci/setup")
-    own = outcomes(site, path, "", tmp_path / "own.xml")
+    own = vllms_own(site, path, tmp_path)
     installed = outcomes(site, path, install, tmp_path / "installed.xml")
     assert installed == own
     assert "passed" in own.values(), own

@@ -17,17 +17,22 @@ vLLM's ``tests/conftest.py``.  It skips the tests it cannot host (one needs vLLM
 scheduler, three stall a CUDA stream with ``torch.cuda._sleep``), and lets the one that
 drops a buffer on purpose warn of the leak (elsewhere pyproject's ``filterwarnings`` makes
 a `bucketpool.LeakWarning` an error).  ``$BUCKETPOOL_VLLM_INSTALL`` says what is installed:
-nothing (empty), ``ec`` (``bucketpool.vllm.install()``) or ``kv_offload``
-(``install(kv_offload=True)``).  The directory holding vLLM's ``tests`` package
-(``$BUCKETPOOL_VLLM_TESTS``, by default ``.vllm/tests``) goes first on ``sys.path``.
+nothing (empty), ``ec`` (``bucketpool.vllm.install()``), ``kv_offload``
+(``install(kv_offload=True)``), or ``plugin``: bucketpool's general plugin, loaded by vLLM's
+own loader with ``BUCKETPOOL_VLLM=ec,kv``, on a vLLM with the descriptor-pool hook of
+``upstream/`` (see `serve_through_the_plugin`).  The directory holding vLLM's ``tests``
+package (``$BUCKETPOOL_VLLM_TESTS``, by default ``.vllm/tests``) goes first on ``sys.path``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import json
 import logging
 import os
 import sys
+import tempfile
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,8 +45,11 @@ import torch
 #: Names the directory of vLLM's test files (a ``tests`` package), ``DEFAULT_TESTS`` unset.
 TESTS_VARIABLE = "BUCKETPOOL_VLLM_TESTS"
 DEFAULT_TESTS = Path(__file__).resolve().parent.parent / ".vllm" / "tests"
-#: What the plugin installs: empty, ``ec`` or ``kv_offload``.
+#: What the plugin installs: empty, ``ec``, ``kv_offload`` or ``plugin``.
 INSTALL_VARIABLE = "BUCKETPOOL_VLLM_INSTALL"
+INSTALLS = ("", "ec", "kv_offload", "plugin")
+#: A file to write `report` into as JSON, at the end of the run (unset: none).
+REPORT_VARIABLE = "BUCKETPOOL_VLLM_REPORT"
 
 _patches = pytest.MonkeyPatch()
 #: Marks for the tests the CPU host treats apart, by name, in every run.
@@ -132,8 +140,8 @@ def pytest_load_initial_conftests() -> None:
     if not (tests / "__init__.py").is_file():
         raise pytest.UsageError(f"no vLLM test files in {tests}: run .ci/setup")
     install = os.environ.get(INSTALL_VARIABLE, "")
-    if install not in ("", "ec", "kv_offload"):
-        raise pytest.UsageError(f"{INSTALL_VARIABLE}={install!r}: use '', 'ec' or 'kv_offload'")
+    if install not in INSTALLS:
+        raise pytest.UsageError(f"{INSTALL_VARIABLE}={install!r}: use one of {INSTALLS}")
     _patches.syspath_prepend(str(tests.parent))
     standin.install_kv_standin(_patches, eager=True, cuda=True, device_tensors=True)
     for module in _config_modules():
@@ -141,17 +149,110 @@ def pytest_load_initial_conftests() -> None:
     _patches.setattr(
         torch.ops._C_cache_ops, "swap_blocks_batch", standin.swap_blocks_batch, raising=False
     )
-    if install:
+    if install == "plugin":
+        serve_through_the_plugin()
+    elif install:
         from bucketpool import vllm as bucketpool_vllm
 
         bucketpool_vllm.install(kv_offload=install == "kv_offload")
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
+#: What a run found, written to ``$BUCKETPOOL_VLLM_REPORT``: the files of vLLM's workers,
+#: whether the hook is there, the factory it holds, the pools bucketpool's factory made
+#: (by call site), whether ``install`` is in effect, and what was rebound (see `rebound`).
+report: dict[str, Any] = {"pools": {}, "rebound": []}
+_bindings: dict[tuple[str, str], object] = {}
+_scratch: list[tempfile.TemporaryDirectory[str]] = []  # bucketpool's .dist-info, for vLLM
+
+
+def _vllm_bindings() -> dict[tuple[str, str], object]:
+    """Every global of every ``vllm`` module, and every attribute of the classes they define."""
+    found: dict[tuple[str, str], object] = {}
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] == "vllm" and isinstance(module, types.ModuleType):
+            for key, value in list(vars(module).items()):
+                found[name, key] = value
+                if isinstance(value, type) and value.__module__ == name:
+                    found.update(((f"{name}.{key}", k), v) for k, v in vars(value).items())
+    return found
+
+
+def rebound() -> list[str]:
+    """The bindings of `_bindings` (taken before the plugin ran) bound to another object now.
+
+    The hook's factory is set on purpose, and vLLM's loader records that it ran.
+    """
+    now = _vllm_bindings()
+    allowed = {("vllm.utils.descriptor_pool", "_factory"), ("vllm.plugins", "plugins_loaded")}
+    return [
+        f"{module}.{name}"
+        for (module, name), value in _bindings.items()
+        if (module, name) not in allowed and now.get((module, name), _bindings) is not value
+    ]
+
+
+def serve_through_the_plugin() -> None:
+    """Load bucketpool's general plugin as vLLM does; check that it set the hook's factory.
+
+    The workers' modules and vLLM's hook are imported first, and every binding of every
+    ``vllm`` module taken (`_bindings`); after vLLM's ``load_general_plugins`` ran
+    `bucketpool.vllm.plugin` (its entry point, from a ``.dist-info`` written for the run),
+    none may be bound to another object, and bucketpool's factory serves the pools.
+    """
+    from bucketpool import _hook
     from bucketpool import vllm as bucketpool_vllm
 
+    hook = _hook.find()
+    if hook is None:
+        raise pytest.UsageError(f"{INSTALL_VARIABLE}=plugin: this vLLM has no {_hook.HOOK}")
+    for name in (standin.WORKER, standin.KV_WORKER, "vllm.plugins"):
+        importlib.import_module(name)
+    _bindings.update(_vllm_bindings())
+    made = _hook.HookPool.__init__
+
+    def counted(self: _hook.HookPool, spec: _hook.DescriptorSpec, *args: Any) -> None:
+        made(self, spec, *args)
+        report["pools"][spec.name] = report["pools"].get(spec.name, 0) + 1
+
+    _patches.setattr(_hook.HookPool, "__init__", counted)  # counts them; vLLM's untouched
+    for name in ("BUCKETPOOL_VLLM_UNTESTED", "VLLM_PLUGINS"):
+        _patches.delenv(name, raising=False)
+    _patches.setenv("BUCKETPOOL_VLLM", "ec,kv")
+    _scratch.append(tempfile.TemporaryDirectory())
+    _patches.syspath_prepend(str(standin.distribution(Path(_scratch[0].name))))
+    sys.modules["vllm.plugins"].load_general_plugins()
+    factory = hook.get_descriptor_pool_factory()
+    if getattr(factory, "__module__", None) != _hook.__name__ or rebound():
+        raise pytest.UsageError(
+            f"bucketpool's plugin set the factory {factory!r} and rebound {rebound()}; it "
+            "should set bucketpool's factory and rebind nothing"
+        )
+    report["installed"] = bucketpool_vllm.installed()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from bucketpool import _hook
+    from bucketpool import vllm as bucketpool_vllm
+
+    hook = _hook.find()
+    factory = None if hook is None else hook.get_descriptor_pool_factory()
+    report.update(
+        hook=hook is not None,
+        factory=None if factory is None else f"{factory.__module__}.{factory.__qualname__}",
+        installed=report.get("installed", False) or bucketpool_vllm.installed(),
+        rebound=rebound(),
+        files=[
+            sys.modules[name].__file__
+            for name in (standin.WORKER, standin.KV_WORKER)
+            if name in sys.modules
+        ],
+    )
+    if os.environ.get(REPORT_VARIABLE):
+        Path(os.environ[REPORT_VARIABLE]).write_text(json.dumps(report), encoding="utf-8")
     bucketpool_vllm.uninstall()
     _patches.undo()
+    for scratch in _scratch:
+        scratch.cleanup()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -220,6 +220,21 @@ def check_vllm() -> None:
     result.installed = False  # type: ignore[misc]  # a frozen record
 
 
+def check_vllm_hook(spec: bucketpool.vllm.DescriptorSpec, event: torch.Event) -> None:
+    pool = bucketpool.vllm.descriptor_pool_factory(spec)
+    assert_type(pool, bucketpool.vllm.DescriptorPool)
+    assert_type(pool.pool, BucketPool)
+    bufs = pool.acquire(5)
+    assert_type(pool.release(bufs, end_event=event), None)
+    assert_type(pool.release(bufs), None)
+    assert_type(pool.collect(), None)
+    assert_type(pool.shutdown(), None)
+    assert_type(spec.dtype, torch.dtype)
+    bucketpool.vllm.descriptor_pool_factory(object())  # type: ignore[arg-type]  # not a spec
+    pool.release()  # type: ignore[call-arg]
+    pool.pool = BucketPool()  # type: ignore[misc]  # read-only
+
+
 def check_testing(pool: BucketPool, tensor: torch.Tensor) -> None:
     assert_type(bucketpool.testing.assert_no_outstanding(pool), None)
     assert_type(bucketpool.testing.swap_blocks_batch(tensor, tensor, tensor), None)
