@@ -15,7 +15,7 @@ from bucketpool._views import DescriptorArrays, Views
 __all__ = ["VIEW_SETS", "VIEW_SET_BYTES", "Bucket", "Buffer", "new_tensor"]
 
 VIEW_SET_BYTES = 2048  # what one cached view set counts against max_cached_bytes (torch 2.13)
-VIEW_SETS = 32  # the most view sets a buffer caches, one per recent n (docs/design.md)
+VIEW_SETS = 32  # view sets cached per buffer, one per recent n (the trade: docs/design.md)
 ENTRY_BYTES = 8
 _empty = torch.empty  # bound at import: a test that patches torch.empty does not reach us
 
@@ -29,15 +29,12 @@ def new_tensor(size: int, dtype: torch.dtype, pin_memory: bool = False) -> torch
 class Bucket:
     """The buffers of one capacity (guarded by the lock); its counters are the ledger's."""
 
-    __slots__ = ("capacity", "free", "inbox", "index", "last_tick", "nbytes", "view_sets")
+    __slots__ = ("capacity", "free", "inbox", "index", "last_tick", "nbytes")
 
     def __init__(self, index: int) -> None:
         self.index = index  # log2 of the capacity: its place in the ledger's counters
         self.capacity = 1 << index
         self.nbytes = self.capacity * ENTRY_BYTES * 3
-        # The view sets a buffer caches cost no more than its memory, two at least (a hand-out's
-        # n and a shrink count): small buffers' sets would otherwise dwarf them (2 KiB each).
-        self.view_sets = max(2, min(VIEW_SETS, self.nbytes // VIEW_SET_BYTES))
         self.free: list[Buffer] = []  # cached, the most recently released last
         self.inbox: collections.deque[tuple[Any, ...]] = collections.deque()  # `Entry`s back
         self.last_tick = 0  # the tick of its last hand-out (or reservation)
@@ -116,7 +113,7 @@ class Buffer:
     def cut(self, n: int) -> Views:
         """A cached view set of *n* entries; once full, the oldest not this hand-out's is reused."""
         views, token = self.views, self.token
-        if len(views) >= self.bucket.view_sets:
+        if len(views) >= VIEW_SETS:
             for key, found in views.items():
                 if found._token != token:
                     del views[key]
@@ -148,7 +145,7 @@ class Buffer:
         found = tuple.__new__(Views, fields)
         found._buffer = self
         found._token = 0
-        if len(views) < self.bucket.view_sets:  # (full of this hand-out's own sets: not cached)
+        if len(views) < VIEW_SETS:  # (full of this hand-out's own sets: not cached)
             views[n] = found
         return found
 
