@@ -47,9 +47,9 @@ class Buffer:
         *("address", "arrays_", "base", "bucket", "checksum", "code", "dtype", "dtype_np"),
         *("ended", "entered", "events", "handed", "key", "lasti", "lent", "lent_mode"),
         *("lent_sets", "ledger"),
-        *("n", "poisoned"),
+        *("n", "poisoned", "ref"),
         *("recorded", "released_at", "own_views", "site", "storage", "strict", "token"),
-        *("version", "view_bytes", "views"),
+        *("version", "view_bytes", "views", "__weakref__"),
     )
 
     def __init__(
@@ -60,7 +60,8 @@ class Buffer:
         self.dtype = dtype
         self.base = new_tensor(3 * bucket.capacity, dtype, pin_memory)
         self.storage = self.base.untyped_storage()
-        self.address = self.key = self.base.data_ptr()  # key: where it was made (its ledger's)
+        self.address = self.key = self.base.data_ptr()  # key: where it is filed (`_copies`)
+        self.ref = weakref.ref(self)  # what the index of buffers by address holds
         self.arrays_ = _fields(self.base)  # the pool's own arrays: fills write through these
         self.dtype_np = self.arrays_[0].dtype
         self.views: dict[int, Views] = {}

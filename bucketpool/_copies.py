@@ -22,12 +22,13 @@ import torch
 from bucketpool import _debug
 from bucketpool._errors import InFlightReleaseWarning, ReleaseError
 
-__all__ = ["DONE", "LEDGERS", "Copy", "begun", "early", "recording"]
+__all__ = ["DONE", "INDEX", "Copy", "begun", "early", "recording"]
 
 _Op = TypeVar("_Op", bound=Callable[..., Any])
 Event = Any  # a `CompletionEvent` (`_views` is not imported: the import chain stays short)
-#: Every pool's ledger in the process (`_ledger.Ledger`): where `begun` looks a tensor up.
-LEDGERS: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Every pool's buffers not freed, by address (`Buffer.key`), weakly: where `begun` looks a
+#: tensor up.  Changed by the ledgers' moves (a dropped pool's buffers leave dead entries).
+INDEX: dict[int, weakref.ref[Any]] = {}
 
 
 @final
@@ -74,23 +75,16 @@ def begun(tensor: torch.Tensor, site: _debug.Site) -> Copy | None:
     ``bufs.src_ptrs[:count]`` is); *site* is where the copy begins (`_debug.site`).  The
     caller sets the copy's ``event`` once the copy was submitted (`DONE`: none to wait for).
     """
-    key = tensor.data_ptr()
-    while True:
-        try:
-            ledgers = [*LEDGERS]
-            break
-        except RuntimeError:  # another thread made or dropped a pool as it was copied: again
-            continue
-    for ledger in ledgers:
-        buffer = ledger.registry.get(key)  # (a hint: the record decides)
-        if buffer is not None:
-            token, copy = buffer.token, Copy(site)
-            try:
-                return copy if token > 0 and buffer.record(token, copy) else None
-            except BaseException:  # (strict's in-flight write): the copy will not begin
-                copy.event = DONE
-                raise
-    return None
+    ref = INDEX.get(tensor.data_ptr())
+    buffer = None if ref is None else ref()  # (a hint: the record decides)
+    if buffer is None:
+        return None
+    token, copy = buffer.token, Copy(site)
+    try:
+        return copy if token > 0 and buffer.record(token, copy) else None
+    except BaseException:  # (strict's in-flight write): the copy will not begin
+        copy.event = DONE
+        raise
 
 
 def recording(op: _Op, end: Callable[[], Event] | None = None) -> _Op:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from bucketpool._buffer import Bucket, Buffer
-from bucketpool._copies import LEDGERS
+from bucketpool._copies import INDEX
 from bucketpool._lock import LOCK, owned
 from bucketpool._views import CompletionEvent
 
@@ -60,7 +60,6 @@ class Ledger:
     ) -> None:
         self.buckets = [Bucket(k) for k in range(max_capacity.bit_length())]
         self.registry: dict[int, Buffer] = {}  # every buffer not freed, by `Buffer.key`
-        LEDGERS.add(self)
         self.young: collections.deque[Parking] = collections.deque()  # parking order
         self.old: collections.deque[Parking] = collections.deque()  # asked in turn
         self.max_cached_bytes, self.max_cached_per_bucket = max_cached_bytes, max_cached_per_bucket
@@ -116,6 +115,7 @@ class Ledger:
                 ):
                     return EMPTY  # the caps no longer keep it (threads raced)
                 self.registry[buffer.key] = buffer
+                INDEX[buffer.key] = buffer.ref
                 self.allocated[k] += 1
                 self.allocations = allocations = self.allocations + 1
                 if allocations > self.allocations_peak:
@@ -278,6 +278,8 @@ class Ledger:
                 buffer.token, buffer.events = 0, None
                 if buffer.key in self.registry and self.registry[buffer.key] is buffer:
                     del self.registry[buffer.key]  # (else another's since: `refile`)
+                if buffer.key in INDEX and INDEX[buffer.key] is buffer.ref:
+                    del INDEX[buffer.key]
                 self.allocated[k] -= 1
                 self.allocations -= 1
                 self.allocated_bytes -= nbytes
@@ -317,6 +319,8 @@ class Ledger:
             self.view_bytes -= buffer.view_bytes
             if buffer.key in self.registry and self.registry[buffer.key] is buffer:
                 del self.registry[buffer.key]  # (else another's since: `refile`)
+            if buffer.key in INDEX and INDEX[buffer.key] is buffer.ref:
+                del INDEX[buffer.key]
             self.allocated[k] -= 1
             self.allocations -= 1
             self.allocated_bytes -= bucket.nbytes
@@ -474,10 +478,13 @@ class Ledger:
 
     def _refile(self, buffer: Buffer) -> None:
         with LOCK:
-            registry = self.registry  # (as `_file`: a move calls nothing)
-            if buffer.key in registry and registry[buffer.key] is buffer:
-                del registry[buffer.key]
+            registry, key = self.registry, buffer.key  # (as `_file`: a move calls nothing)
+            if key in registry and registry[key] is buffer:
+                del registry[key]
+            if key in INDEX and INDEX[key] is buffer.ref:
+                del INDEX[key]
             registry[buffer.address] = buffer
+            INDEX[buffer.address] = buffer.ref
             buffer.key = buffer.address
 
     def buffers(self) -> dict[int, Buffer]:
@@ -487,8 +494,12 @@ class Ledger:
 
 
 def _file(registry: dict[int, Buffer], buffer: Buffer) -> None:
-    """File *buffer* in *registry* under its address, not its old one (the lock held)."""
-    if buffer.key in registry and registry[buffer.key] is buffer:
-        del registry[buffer.key]
+    """File *buffer* in *registry* and `INDEX` under its address, not its old one (locked)."""
+    key = buffer.key
+    if key in registry and registry[key] is buffer:
+        del registry[key]
+    if key in INDEX and INDEX[key] is buffer.ref:
+        del INDEX[key]
     registry[buffer.address] = buffer
+    INDEX[buffer.address] = buffer.ref
     buffer.key = buffer.address

@@ -289,25 +289,16 @@ def test_a_buffer_whose_memory_a_holder_moved_is_still_found(level: DebugLevel) 
     assert pool.outstanding() == []
 
 
-def test_a_pool_made_as_a_copy_is_looked_up_changes_nothing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    class Changing(weakref.WeakSet[Any]):
-        """The ledgers, changed by another thread the first time they are copied."""
-
-        def __iter__(self) -> Any:
-            if not turns:
-                turns.append(1)
-                raise RuntimeError("Set changed size during iteration")
-            return super().__iter__()
-
-    turns: list[int] = []
-    ledgers = Changing(_copies.LEDGERS)
-    monkeypatch.setattr(_copies, "LEDGERS", ledgers)
-    pool = BucketPool()
-    ledgers.add(pool._ledger)
-    with pool.acquire(1) as bufs:
-        copy = _copies.begun(bufs.src_ptrs, None)
-        assert copy is not None  # found the second time
-        copy.event = _copies.DONE
-    assert turns == [1]
+def test_the_index_of_buffers_by_address_keeps_none_alive_and_forgets_the_freed() -> None:
+    pool = BucketPool(max_cached_bytes=0)  # every release frees its buffer
+    handle = pool.acquire(4)
+    key = handle.buffers.src_ptrs.data_ptr()
+    assert _copies.INDEX[key]() is handle._buffer  # filed while it lives
+    handle.release()
+    assert key not in _copies.INDEX  # freed by the release's move: forgotten with it
+    kept = BucketPool()
+    handle = kept.acquire(4)
+    buffer = weakref.ref(handle._buffer)
+    handle.release()
+    del handle, kept  # a dropped pool frees its cached buffers: the index holds them weakly
+    assert buffer() is None
