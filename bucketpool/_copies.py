@@ -75,9 +75,10 @@ def begun(tensor: torch.Tensor, site: _debug.Site) -> Copy | None:
     ``bufs.src_ptrs[:count]`` is); *site* is where the copy begins (`_debug.site`).  The
     caller sets the copy's ``event`` once the copy was submitted (`DONE`: none to wait for).
     """
-    ref = INDEX.get(tensor.data_ptr())
+    address = tensor.data_ptr()
+    ref = INDEX.get(address)
     buffer = None if ref is None else ref()  # (a hint: the record decides)
-    if buffer is None:
+    if buffer is None or buffer.base.data_ptr() != address:  # (moved: its old address's now)
         return None
     token, copy = buffer.token, Copy(site)
     try:
@@ -87,13 +88,18 @@ def begun(tensor: torch.Tensor, site: _debug.Site) -> Copy | None:
         raise
 
 
-def recording(op: _Op, end: Callable[[], Event] | None = None) -> _Op:
+def recording(
+    op: _Op, end: Callable[[], Event] | None = None, wait: Callable[[], None] | None = None
+) -> _Op:
     """Wrap *op*, vLLM's ``swap_blocks_batch`` (the descriptors first), as `begun` says.
 
     After the op (also one that raised: a part of its copies may have begun), ``end()``
-    records the copy's end event: by default a ``torch.Event`` on the current stream.
+    records the copy's end event: by default a ``torch.Event`` on the current stream.  If
+    that raises (a signal, a faulted device), the copy ends once ``wait()`` returned: by
+    default once the accelerator finished all its work.
     """
     record_end = _end_event if end is None else end
+    unrecorded = _Unrecorded(_wait_for_device if wait is None else wait)
 
     @functools.wraps(op)
     def swap_blocks_batch(src_ptrs: object, *args: Any, **kwargs: Any) -> Any:
@@ -101,8 +107,12 @@ def recording(op: _Op, end: Callable[[], Event] | None = None) -> _Op:
         try:
             return op(src_ptrs, *args, **kwargs)
         finally:
-            if copy is not None:  # (if recording raises, it stays pending: parked for good)
-                copy.event = record_end()
+            if copy is not None:
+                event: Event = unrecorded
+                try:
+                    event = record_end()
+                finally:
+                    copy.event = event
 
     return cast("_Op", swap_blocks_batch)
 
@@ -119,6 +129,32 @@ def _end_event() -> Event:
 _CPU = torch.device("cpu")
 
 
+@final
+class _Unrecorded:
+    """The end of a copy whose end event could not be recorded: *wait* returned."""
+
+    __slots__ = ("wait",)
+
+    def __init__(self, wait: Callable[[], None]) -> None:
+        self.wait = wait
+
+    def query(self) -> bool:
+        self.wait()  # (blocks: only after a failed recording)
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def _wait_for_device() -> None:
+    """Wait until the accelerator, if there is one, finished all its work."""
+    accelerator = getattr(torch, "accelerator", None)  # (torch 2.6 and later)
+    if accelerator is not None and accelerator.is_available():
+        accelerator.synchronize()
+    elif torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def early(pool: Any, buffer: Any, pending: list[Any]) -> Exception | None:
     """Report a release made while a copy bucketpool saw could still read (`Copy`).
 
@@ -126,7 +162,7 @@ def early(pool: Any, buffer: Any, pending: list[Any]) -> Exception | None:
     "error" filter turned into one (a with block's own exception keeps precedence).
     """
     copies = [event for event in pending if type(event) is Copy]
-    if not copies:
+    if not copies or len(copies) < len(pending):  # the holder's own pending event covers them
         return None
     began, released = copies[0].site, cast("_debug.Site", buffer.released_at)
     message = (

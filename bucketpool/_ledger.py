@@ -59,7 +59,7 @@ class Ledger:
         verify: Callable[[Buffer, int, bool], tuple[str | None, Any]] | None,
     ) -> None:
         self.buckets = [Bucket(k) for k in range(max_capacity.bit_length())]
-        self.registry: dict[int, Buffer] = {}  # every buffer not freed, by `Buffer.key`
+        self.registry: dict[Buffer, Buffer] = {}  # every buffer not freed (by identity)
         self.young: collections.deque[Parking] = collections.deque()  # parking order
         self.old: collections.deque[Parking] = collections.deque()  # asked in turn
         self.max_cached_bytes, self.max_cached_per_bucket = max_cached_bytes, max_cached_per_bucket
@@ -114,7 +114,7 @@ class Ledger:
                     > self.max_cached_bytes
                 ):
                     return EMPTY  # the caps no longer keep it (threads raced)
-                self.registry[buffer.key] = buffer
+                self.registry[buffer] = buffer
                 INDEX[buffer.key] = buffer.ref
                 self.allocated[k] += 1
                 self.allocations = allocations = self.allocations + 1
@@ -276,8 +276,8 @@ class Ledger:
                 outcome = "cached"
             else:
                 buffer.token, buffer.events = 0, None
-                if buffer.key in self.registry and self.registry[buffer.key] is buffer:
-                    del self.registry[buffer.key]  # (else another's since: `refile`)
+                if buffer in self.registry:  # (adopt kept only the held ones)
+                    del self.registry[buffer]
                 if buffer.key in INDEX and INDEX[buffer.key] is buffer.ref:
                     del INDEX[buffer.key]
                 self.allocated[k] -= 1
@@ -317,8 +317,8 @@ class Ledger:
             del bucket.free[0]
             self.cached[k] -= 1
             self.view_bytes -= buffer.view_bytes
-            if buffer.key in self.registry and self.registry[buffer.key] is buffer:
-                del self.registry[buffer.key]  # (else another's since: `refile`)
+            if buffer in self.registry:
+                del self.registry[buffer]
             if buffer.key in INDEX and INDEX[buffer.key] is buffer.ref:
                 del INDEX[buffer.key]
             self.allocated[k] -= 1
@@ -472,34 +472,28 @@ class Ledger:
         From the verification, inside a move, the lock is this thread's already.
         """
         if owned():
-            _file(self.registry, buffer)
+            _file(buffer)
         else:
             self._refile(buffer)
 
     def _refile(self, buffer: Buffer) -> None:
         with LOCK:
-            registry, key = self.registry, buffer.key  # (as `_file`: a move calls nothing)
-            if key in registry and registry[key] is buffer:
-                del registry[key]
+            key = buffer.key  # (as `_file`: a move calls nothing)
             if key in INDEX and INDEX[key] is buffer.ref:
                 del INDEX[key]
-            registry[buffer.address] = buffer
             INDEX[buffer.address] = buffer.ref
             buffer.key = buffer.address
 
-    def buffers(self) -> dict[int, Buffer]:
-        """Every buffer not freed, by `Buffer.key` (a copy)."""
+    def buffers(self) -> dict[Buffer, Buffer]:
+        """Every buffer not freed, each its own key (a copy)."""
         with LOCK:
             return {**self.registry}
 
 
-def _file(registry: dict[int, Buffer], buffer: Buffer) -> None:
-    """File *buffer* in *registry* and `INDEX` under its address, not its old one (locked)."""
+def _file(buffer: Buffer) -> None:
+    """File *buffer* in `INDEX` under its address, not its old one (locked)."""
     key = buffer.key
-    if key in registry and registry[key] is buffer:
-        del registry[key]
     if key in INDEX and INDEX[key] is buffer.ref:
         del INDEX[key]
-    registry[buffer.address] = buffer
     INDEX[buffer.address] = buffer.ref
     buffer.key = buffer.address

@@ -146,7 +146,7 @@ class HostDevice:
     def __init__(self) -> None:
         self._queue: list[Callable[[], None] | None] = []
         self._done = 0
-        self._recorded = _copies.recording(self._queue_copy, end=self.event)  # as install()'s
+        self._recorded = _copies.recording(self._queue_copy, self.event, self.drain)  # install()'s
 
     @property
     def submitted(self) -> int:

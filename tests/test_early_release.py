@@ -10,6 +10,7 @@ once per pair of lines, naming both; ``strict`` raises `ReleaseError` after park
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import inspect
 import pathlib
 import sys
@@ -19,6 +20,7 @@ import warnings
 import weakref
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
@@ -302,3 +304,124 @@ def test_the_index_of_buffers_by_address_keeps_none_alive_and_forgets_the_freed(
     handle.release()
     del handle, kept  # a dropped pool frees its cached buffers: the index holds them weakly
     assert buffer() is None
+
+
+@pytest.mark.parametrize("level", ["checks", "strict"])
+def test_a_release_with_the_holders_own_pending_event_is_not_reported(
+    level: DebugLevel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The guide's pattern: the copy's end event recorded on the hand-out (or passed to a
+    # compat release), then the release at once: the buffer waits, and nothing is reported.
+    pool, device = BucketPool(debug=level), HostDevice()
+    monkeypatch.setenv("BUCKETPOOL_DEBUG", level)
+    adapter = DescriptorBufferPool()
+    src, dst = pages(2), torch.zeros(2 * PAGE, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InFlightReleaseWarning)
+        with pool.acquire(1) as bufs:
+            end = bufs.add_copies(0, [src.data_ptr()], [dst.data_ptr()], PAGE)
+            bufs.record_event(device.swap_blocks_batch(*bufs.shrink(end)))
+        triple = adapter.acquire(1)
+        triple.add_copies(0, [src.data_ptr() + PAGE], [dst.data_ptr() + PAGE], PAGE)
+        copied = device.swap_blocks_batch(
+            triple.src_ptrs[:1], triple.dst_ptrs[:1], triple.sizes[:1]
+        )
+        adapter.release(triple, event=copied)
+    assert pool.stats().parked == adapter.pool.stats().parked == 1
+    device.drain()
+    assert torch.equal(dst, src)
+    assert pool.collect() == adapter.pool.collect() == 1
+
+
+def test_a_holders_event_done_before_the_copy_ended_does_not_cover_it() -> None:
+    # An event of the holder's own that is over while the copy is not (another stream's):
+    # the release is as early as with no event, and reported.
+    pool, device = BucketPool(debug="checks"), HostDevice()
+    src, dst = pages(1), torch.zeros(PAGE, dtype=torch.uint8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pool.acquire(1) as bufs:
+            end = bufs.add_copies(0, [src.data_ptr()], [dst.data_ptr()], PAGE)
+            device.swap_blocks_batch(*bufs.shrink(end))
+            bufs.record_event(_copies.DONE)
+    assert [w.category for w in caught] == [InFlightReleaseWarning]
+    assert pool.stats().parked == 1
+    device.drain()
+    assert pool.collect() == 1
+
+
+def interrupt_in(code: types.CodeType) -> Any:
+    """A tracer raising KeyboardInterrupt as *code* is called: a signal handler's, there."""
+
+    def tracer(frame: types.FrameType, event: str, arg: object) -> Any:
+        if event == "call" and frame.f_code is code:
+            raise KeyboardInterrupt
+        return None
+
+    return tracer
+
+
+@pytest.mark.parametrize("where", ["HostDevice", "the accelerator"])
+def test_a_signal_while_the_end_event_is_recorded_ends_the_copy_with_the_device(where: str) -> None:
+    # No end event: the copy is over once the device ran all its work, which the release
+    # waits for (on a CPU-only host the op's return was the end).  Never parked for good.
+    pool, device = BucketPool(), HostDevice()
+    if where == "HostDevice":
+        wrapped, end_event = (
+            _copies.recording(queued_op(device), device.event, device.drain),
+            device.event,
+        )
+    else:
+        wrapped, end_event = _copies.recording(lambda *tensors: None), _copies._end_event
+    src, dst = pages(1), torch.zeros(PAGE, dtype=torch.uint8)
+    handle = pool.acquire(1)
+    bufs = handle.__enter__()
+    end = bufs.add_copies(0, [src.data_ptr()], [dst.data_ptr()], PAGE)
+    sys.settrace(interrupt_in(end_event.__code__))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wrapped(*bufs.shrink(end))
+    finally:
+        sys.settrace(None)
+    assert device.done == 0  # (queued, for HostDevice)
+    handle.__exit__(None, None, None)
+    assert pool.stats().parked == 0  # the release asked, and the device's work was over
+    assert torch.equal(dst, src) == (where == "HostDevice")
+
+
+def test_a_foreign_tensor_at_a_moved_buffers_old_address_is_not_that_buffers_copy() -> None:
+    # A holder moved its memory (share_memory_); the index still files the buffer under the
+    # old address until the pool sees the move.  Another tensor at that address (another
+    # pool's or vLLM's own descriptors) is not this hand-out's copy.
+    pool = BucketPool(debug="checks")
+    handle = pool.acquire(4)
+    bufs = handle.__enter__()
+    old = bufs.src_ptrs.data_ptr()
+    bufs.src_ptrs.share_memory_()  # type: ignore[no-untyped-call]
+    assert bufs.src_ptrs.data_ptr() != old
+    assert _copies.INDEX[old]() is handle._buffer
+    block = (ctypes.c_int64 * 4).from_address(old)  # a tensor at the old address (not read)
+    foreign = torch.from_numpy(numpy.ctypeslib.as_array(block))
+    _copies.recording(lambda *tensors: None, end=lambda: Pending())(foreign, foreign, foreign)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InFlightReleaseWarning)
+        handle.__exit__(None, None, None)
+    assert pool.stats().parked == 0
+
+
+def test_a_held_buffer_whose_memory_moved_stays_outstanding_whoever_takes_its_address() -> None:
+    # The ledger files its buffers by identity: a new buffer at a moved one's old address
+    # does not hide the moved one from outstanding().  (48 MiB: glibc maps it, and the
+    # kernel maps the next one where the last was unmapped.)
+    pool = BucketPool()
+    moved = pool.acquire(2**21)
+    old = moved.buffers.src_ptrs.data_ptr()
+    moved.buffers.src_ptrs.share_memory_()  # type: ignore[no-untyped-call]
+    other = pool.acquire(2**21)
+    reused = other._buffer.address == old
+    assert len(pool.outstanding()) == 2
+    other.release()
+    moved.release()
+    assert pool.outstanding() == []
+    if not reused:
+        pytest.skip("the allocator did not hand the old address out again")

@@ -59,12 +59,12 @@ def package_graph() -> dict[str, set[str]]:
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
 def test_no_module_is_over_510_lines(path: pathlib.Path) -> None:
     # 450, and 60 more for the ledger, which holds every move (the lock is taken nowhere
-    # else) and grew with the parking fixes, the registry's refiling of moved memory and the
-    # index of buffers by address: a room by concept, not packed to fit a cap.
+    # else) and grew with the parking fixes, the refiling of moved memory and the index of
+    # buffers by address: a room by concept, not packed to fit a cap.
     assert len(path.read_text().splitlines()) <= 510
 
 
-def test_the_package_is_at_most_5050_lines() -> None:
+def test_the_package_is_at_most_5075_lines() -> None:
     # 3,600 for the EC pool and its drop-in (issue 23); 350 more for serving vLLM's other
     # swap_blocks_batch callers, the KV-offload handlers and HiSparse (issue 28); 200 more
     # for the adapters' own hand-out (`_lend`), free in vLLM's real step (issue 32), and
@@ -79,8 +79,9 @@ def test_the_package_is_at_most_5050_lines() -> None:
     # for the seventh review's fixes (a copy pending on its hand-out before the op runs,
     # dropped pools kept for their holders, moved memory refiled, late ops wrapped); 260
     # for vLLM's descriptor-pool hook, served without rebinding (issue 35, part 2: `_hook`,
-    # its protocols, `descriptor_pool_factory`, the plugin's choice).
-    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 5050
+    # its protocols, `descriptor_pool_factory`, the plugin's choice); 25 for the eighth
+    # review's fixes (a copy's end event that fails to record ends with the device's work).
+    assert sum(len(path.read_text().splitlines()) for path in MODULES) <= 5075
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
