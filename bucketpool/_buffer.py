@@ -120,7 +120,7 @@ class Buffer:
                     del views[key]
                     if not self.own_views:
                         base = self.base
-                        ours = base._version == self.version  # no holder's change since
+                        ours = base._version == self.version  # no holder's change (views only)
                         src, dst, sizes = found
                         try:
                             src.resize_(n)
@@ -172,7 +172,7 @@ class Buffer:
             if ledger is not None:  # filed by address: what a copy op is given is found
                 ledger.refile(self)
         self.views, self.lent, self.lent_sets = {}, [None, None], 0
-        self.version = base._version
+        self.version = base._version  # (views to trust only: see __init__)
 
     def lend(self, inference: bool) -> tuple[Any, ...]:
         """(the holder) The whole fields and their arrays, for an adapter's hand-out.

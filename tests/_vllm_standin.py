@@ -8,6 +8,7 @@ place through its ``monkeypatch``, which undoes it.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -52,6 +53,7 @@ __all__ = [
     "install_standin",
     "site_params",
     "swap_blocks_batch",
+    "test_file",
     "vllm_locations",
     "vllm_sites",
     "vllm_version",
@@ -89,6 +91,19 @@ def site_params() -> list[object]:
     if not sites:
         return [pytest.param(None, id="no-vllm", marks=pytest.mark.skip(reason=_NONE))]
     return [pytest.param(site, id=f"vllm-{vllm_version(site)}") for site in sites]
+
+
+def test_file(site: Path, name: str) -> Path:
+    """vLLM's own test file *name* beside *site* (``.ci/setup`` puts it there).
+
+    Skipped without it, unless ``$BUCKETPOOL_VLLM_SITE`` names the sites (CI): then an error.
+    """
+    path = site.parent / "tests" / name
+    if not path.is_file():
+        if SITE_VARIABLE not in os.environ:
+            pytest.skip(f"no vLLM test files beside {site}: run .ci/setup")
+        raise FileNotFoundError(f"{SITE_VARIABLE}: no {path}; run .ci/setup")
+    return path
 
 
 def _locations(site: Path | None) -> list[str]:

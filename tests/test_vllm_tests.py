@@ -77,11 +77,7 @@ def vllms_own(site: Path, test_file: Path, directory: Path) -> dict[str, str]:
 def test_vllms_own_tests_pass_the_same_with_the_drop_in(
     site: Path, test_file: str, install: str, tmp_path: Path
 ) -> None:
-    path = site.parent / "tests" / test_file
-    if not path.is_file():
-        if standin.SITE_VARIABLE not in os.environ:
-            pytest.skip(f"no vLLM test files beside {site}: run .ci/setup")
-        raise FileNotFoundError(f"{standin.SITE_VARIABLE}: no {path}; run .ci/setup")
+    path = standin.test_file(site, test_file)
     own = vllms_own(site, path, tmp_path)
     installed = outcomes(site, path, install, tmp_path / "installed.xml")
     assert installed == own

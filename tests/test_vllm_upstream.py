@@ -120,11 +120,7 @@ def test_vllms_own_tests_pass_the_same_on_the_patched_vllm(
     patched: Path, test_file: str, install: str, tmp_path: Path
 ) -> None:
     site = site_of(PATCHED)
-    path = site.parent / "tests" / test_file
-    if not path.is_file():
-        if standin.SITE_VARIABLE not in os.environ:
-            pytest.skip(f"no vLLM test files beside {site}: run .ci/setup")
-        raise FileNotFoundError(f"{standin.SITE_VARIABLE}: no {path}; run .ci/setup")
+    path = standin.test_file(site, test_file)
     own = vllms_own(site, path, tmp_path)
 
     tests = site.parent / "tests"
